@@ -1,0 +1,31 @@
+//! Domain types. Untrusted input is parsed into these once, at the edge of the program
+//! (the HTTP handlers); everything behind them can rely on a value being valid.
+
+use std::borrow::Cow;
+
+mod ids;
+mod money;
+mod reservation;
+mod voucher;
+
+pub use ids::{CustomerId, OrderId, VoucherCode};
+pub use money::Money;
+pub use reservation::{Reservation, ReservationRequest, ReservationStatus};
+pub use voucher::{Ineligibility, NewVoucher, Voucher, VoucherMode, VoucherStats};
+
+/// Why one field of a request was refused. Becomes `400 INVALID_REQUEST` with the field name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// The JSON name of the field, as the client sent it (`orderAmount`, `code`).
+    pub field: Cow<'static, str>,
+    pub reason: String,
+}
+
+impl FieldError {
+    pub fn new(field: impl Into<Cow<'static, str>>, reason: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}

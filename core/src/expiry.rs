@@ -1,0 +1,58 @@
+//! The background job that releases reservations left unconfirmed past their TTL.
+//!
+//! Every instance may run it: the store claims rows with `SKIP LOCKED` and releases each
+//! exactly once (see `Store::release_expired`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+use crate::store::Store;
+
+pub struct ExpiryJob {
+    pub store: Store,
+    pub metrics: Arc<Metrics>,
+    pub interval: Duration,
+    pub batch: i64,
+}
+
+impl ExpiryJob {
+    /// Runs until `shutdown` is cancelled.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut ticker = tokio::time::interval(self.interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = ticker.tick() => self.run_once().await,
+            }
+        }
+    }
+
+    /// Releases everything due now, one batch (one transaction) at a time.
+    pub async fn run_once(&self) {
+        loop {
+            match self.store.release_expired(Utc::now(), self.batch).await {
+                Ok(released) => {
+                    self.metrics.expiry_runs.with_label_values(&["ok"]).inc();
+                    let n = released.len();
+                    self.metrics.expired_releases.inc_by(n as u64);
+                    if n > 0 {
+                        tracing::info!(released = n, "released expired reservations");
+                    }
+                    if (n as i64) < self.batch {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    self.metrics.expiry_runs.with_label_values(&["error"]).inc();
+                    tracing::warn!(error = %e, "expiry run failed; will retry next tick");
+                    return;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! Extractors whose rejections speak the API's error format instead of axum's plain text.
+
+use axum::body::Bytes;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use serde::de::DeserializeOwned;
+
+use super::AppState;
+use crate::domain::FieldError;
+use crate::Error;
+
+/// A JSON body. Refuses a missing or wrong Content-Type (415), a body over the limit
+/// (413), broken JSON (400 MALFORMED_JSON) and a wrong, missing or unknown field
+/// (400 INVALID_REQUEST naming the field).
+pub struct ApiJson<T>(pub T);
+
+impl<S, T> FromRequest<S> for ApiJson<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+{
+    type Rejection = Error;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let is_json = req
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"));
+        if !is_json {
+            return Err(Error::UnsupportedMediaType);
+        }
+        let limit = req
+            .extensions()
+            .get::<BodyLimit>()
+            .map_or(usize::MAX, |l| l.0);
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                Error::PayloadTooLarge { limit }
+            } else {
+                Error::MalformedJson("the body could not be read".into())
+            }
+        })?;
+        parse_json(&bytes).map(ApiJson)
+    }
+}
+
+/// The body limit in force, left in the request extensions so a 413 can say it.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimit(pub usize);
+
+fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        match inner.classify() {
+            serde_json::error::Category::Data => {
+                Error::InvalidRequest(field_error(&path, &inner.to_string()))
+            }
+            _ => Error::MalformedJson(inner.to_string()),
+        }
+    })?;
+    // Trailing data after the JSON value is as malformed as a missing brace.
+    de.end().map_err(|e| Error::MalformedJson(e.to_string()))?;
+    Ok(value)
+}
+
+/// Names the field of a data error. serde reports missing and unknown fields at their
+/// parent's path, with the name only in the message, so it is taken from there.
+fn field_error(path: &str, message: &str) -> FieldError {
+    let reason = message
+        .split(" at line ")
+        .next()
+        .unwrap_or(message)
+        .to_owned();
+    let quoted = || message.split('`').nth(1).map(str::to_owned);
+    let field = if message.starts_with("missing field") || message.starts_with("unknown field") {
+        quoted().unwrap_or_else(|| path.to_owned())
+    } else if path == "." {
+        "body".to_owned()
+    } else {
+        path.to_owned()
+    };
+    FieldError::new(field, reason)
+}
+
+/// Path parameters, with the API's error format on rejection.
+#[derive(FromRequestParts)]
+#[from_request(via(axum::extract::Path), rejection(Error))]
+pub struct ApiPath<T>(pub T);
+
+impl From<PathRejection> for Error {
+    fn from(rejection: PathRejection) -> Self {
+        Error::InvalidRequest(FieldError::new("path", rejection.body_text()))
+    }
+}
+
+/// Proof that the request carries the admin bearer token.
+pub struct Admin;
+
+impl FromRequestParts<AppState> for Admin {
+    type Rejection = Error;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let presented = parts
+            .headers
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .ok_or(Error::Unauthorized)?;
+        // An empty configured token disables admin calls altogether.
+        if state.admin_token.is_empty() {
+            return Err(Error::Unauthorized);
+        }
+        if constant_time_eq(presented.as_bytes(), state.admin_token.as_bytes()) {
+            Ok(Admin)
+        } else {
+            Err(Error::Forbidden)
+        }
+    }
+}
+
+/// Compares without an early exit, so response time says nothing about the token.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::Deserialize;
+
+    use super::*;
+
+    #[derive(Debug, Deserialize)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Body {
+        order_amount: i64,
+    }
+
+    fn field_of(json: &str) -> String {
+        match parse_json::<Body>(json.as_bytes()) {
+            Err(Error::InvalidRequest(e)) => e.field.into_owned(),
+            other => panic!("expected INVALID_REQUEST, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn names_the_field_at_fault() {
+        assert_eq!(field_of(r#"{"orderAmount": "ten"}"#), "orderAmount");
+        assert_eq!(field_of(r#"{}"#), "orderAmount");
+        assert_eq!(field_of(r#"{"orderAmount": 1, "coupon": 2}"#), "coupon");
+        assert_eq!(field_of(r#"[1]"#), "body");
+    }
+
+    #[test]
+    fn broken_json_is_malformed() {
+        assert!(matches!(
+            parse_json::<Body>(b"{\"orderAmount\": "),
+            Err(Error::MalformedJson(_))
+        ));
+        assert!(matches!(
+            parse_json::<Body>(b"{\"orderAmount\": 1} x"),
+            Err(Error::MalformedJson(_))
+        ));
+    }
+
+    #[test]
+    fn token_comparison() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+    }
+}

@@ -1,0 +1,116 @@
+//! The HTTP API: routes, the OpenAPI document generated from them, health endpoints and
+//! the separate metrics router.
+//!
+//! The router and the OpenAPI document are built from the same `routes!` calls, so the
+//! document cannot list a route the service does not serve, or miss one it does.
+
+pub mod extract;
+mod health;
+pub mod reservations;
+mod vouchers;
+
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::get;
+use axum::{middleware, Extension, Json, Router};
+use serde::Serialize;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::OpenApi as OpenApiDoc;
+use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::metrics::{self, Metrics};
+use crate::service::VoucherService;
+use crate::Error;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub service: VoucherService,
+    pub admin_token: Arc<str>,
+}
+
+/// Every error answer: `{"error": CODE, "message": text}`, plus `field` on
+/// INVALID_REQUEST and `reason` on NOT_ELIGIBLE.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    /// Stable code to switch on.
+    #[schema(example = "OUT_OF_STOCK")]
+    error: String,
+    /// Human-readable text; may change.
+    message: String,
+    /// For INVALID_REQUEST: the field at fault.
+    #[schema(nullable = false)]
+    field: Option<String>,
+    /// For NOT_ELIGIBLE: NOT_STARTED, EXPIRED or BELOW_MIN_ORDER.
+    #[schema(nullable = false)]
+    reason: Option<String>,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Voucher gate",
+        description = "Reserve, confirm and release uses of limited vouchers; never more uses than the limit."
+    ),
+    components(schemas(ErrorBody)),
+    modifiers(&AdminAuth),
+    tags(
+        (name = "vouchers", description = "Voucher definitions and counts"),
+        (name = "reservations", description = "Uses of a voucher held for orders"),
+        (name = "health", description = "Liveness and readiness"),
+    )
+)]
+struct ApiDoc;
+
+struct AdminAuth;
+
+impl Modify for AdminAuth {
+    fn modify(&self, openapi: &mut OpenApiDoc) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "admin",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The public router, and the OpenAPI document that describes it.
+pub fn api_router(
+    state: AppState,
+    metrics: Arc<Metrics>,
+    max_body_bytes: usize,
+) -> (Router, OpenApiDoc) {
+    let (router, doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(vouchers::create_voucher))
+        .routes(routes!(vouchers::get_voucher))
+        .routes(routes!(reservations::reserve))
+        .routes(routes!(reservations::confirm))
+        .routes(routes!(reservations::release))
+        .routes(routes!(health::healthz))
+        .routes(routes!(health::readyz))
+        .with_state(state)
+        .split_for_parts();
+    let served_doc = doc.clone();
+    let router = router
+        .route(
+            "/openapi.json",
+            get(move || async move { Json(served_doc) }),
+        )
+        .fallback(|| async { Error::RouteNotFound })
+        .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(Extension(extract::BodyLimit(max_body_bytes)))
+        .layer(middleware::from_fn_with_state(metrics, metrics::track))
+        .layer(tower_http::trace::TraceLayer::new_for_http());
+    (router, doc)
+}
+
+/// The router of the metrics listener.
+pub fn metrics_router(metrics: Arc<Metrics>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics::serve))
+        .with_state(metrics)
+}

@@ -1,0 +1,155 @@
+//! `POST /vouchers` (admin) and `GET /vouchers/{code}`.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::extract::{Admin, ApiJson, ApiPath};
+use super::{AppState, ErrorBody};
+use crate::domain::{Money, NewVoucher, Voucher, VoucherCode, VoucherMode, VoucherStats};
+use crate::Result;
+
+/// A voucher to create.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateVoucher {
+    /// 1 to 32 ASCII letters, digits, '-' or '_'.
+    #[schema(example = "FLASH100")]
+    code: String,
+    /// Discount in minor units, > 0.
+    #[schema(example = 100000)]
+    discount_amount: i64,
+    /// Smallest order total that may use the voucher, in minor units. Default 0.
+    #[serde(default)]
+    min_order_amount: i64,
+    /// Uses the voucher may ever hold at once (reserved + confirmed).
+    #[schema(example = 1000)]
+    total_limit: i64,
+    /// Uses one customer may hold at once. Default 1.
+    #[serde(default = "one")]
+    per_user_limit: i64,
+    starts_at: DateTime<Utc>,
+    ends_at: DateTime<Utc>,
+    /// `standard` (default) or `flash`.
+    #[serde(default = "standard")]
+    #[schema(example = "standard")]
+    mode: String,
+}
+
+fn one() -> i64 {
+    1
+}
+fn standard() -> String {
+    "standard".into()
+}
+
+impl CreateVoucher {
+    fn parse(self) -> Result<NewVoucher> {
+        Ok(NewVoucher::new(
+            VoucherCode::parse(self.code)?,
+            Money::positive("discountAmount", self.discount_amount)?,
+            Money::not_negative("minOrderAmount", self.min_order_amount)?,
+            self.total_limit,
+            self.per_user_limit,
+            self.starts_at,
+            self.ends_at,
+            VoucherMode::parse(&self.mode)?,
+        )?)
+    }
+}
+
+/// A voucher with its live counts.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VoucherView {
+    code: String,
+    discount_amount: i64,
+    min_order_amount: i64,
+    total_limit: i32,
+    per_user_limit: i32,
+    starts_at: DateTime<Utc>,
+    ends_at: DateTime<Utc>,
+    mode: &'static str,
+    created_at: DateTime<Utc>,
+    /// Uses held: reserved + confirmed.
+    used_count: i32,
+    /// totalLimit - usedCount.
+    remaining: i32,
+    reserved: i64,
+    confirmed: i64,
+}
+
+impl VoucherView {
+    fn new(v: Voucher, stats: VoucherStats) -> Self {
+        Self {
+            remaining: v.total_limit - stats.used_count,
+            code: v.code.to_string(),
+            discount_amount: v.discount_amount.minor_units(),
+            min_order_amount: v.min_order_amount.minor_units(),
+            total_limit: v.total_limit,
+            per_user_limit: v.per_user_limit,
+            starts_at: v.starts_at,
+            ends_at: v.ends_at,
+            mode: v.mode.as_str(),
+            created_at: v.created_at,
+            used_count: stats.used_count,
+            reserved: stats.reserved,
+            confirmed: stats.confirmed,
+        }
+    }
+}
+
+/// Create a voucher (admin).
+#[utoipa::path(
+    post, path = "/vouchers", tag = "vouchers",
+    request_body = CreateVoucher,
+    security(("admin" = [])),
+    responses(
+        (status = 201, description = "Created", body = VoucherView),
+        (status = 400, description = "INVALID_REQUEST (with `field`) or MALFORMED_JSON", body = ErrorBody),
+        (status = 401, description = "UNAUTHORIZED: no bearer token", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN: wrong bearer token", body = ErrorBody),
+        (status = 409, description = "VOUCHER_EXISTS", body = ErrorBody),
+        (status = 413, description = "PAYLOAD_TOO_LARGE", body = ErrorBody),
+        (status = 415, description = "UNSUPPORTED_MEDIA_TYPE", body = ErrorBody),
+        (status = 503, description = "SERVICE_UNAVAILABLE, with Retry-After", body = ErrorBody),
+    )
+)]
+#[tracing::instrument(name = "create_voucher", skip_all)]
+pub async fn create_voucher(
+    State(state): State<AppState>,
+    _admin: Admin,
+    ApiJson(body): ApiJson<CreateVoucher>,
+) -> Result<(StatusCode, Json<VoucherView>)> {
+    let voucher = state.service.create(body.parse()?).await?;
+    let stats = VoucherStats {
+        used_count: 0,
+        reserved: 0,
+        confirmed: 0,
+    };
+    Ok((StatusCode::CREATED, Json(VoucherView::new(voucher, stats))))
+}
+
+/// A voucher with its counts.
+#[utoipa::path(
+    get, path = "/vouchers/{code}", tag = "vouchers",
+    params(("code" = String, Path, description = "Voucher code")),
+    responses(
+        (status = 200, description = "The voucher", body = VoucherView),
+        (status = 400, description = "INVALID_REQUEST: malformed code", body = ErrorBody),
+        (status = 404, description = "VOUCHER_NOT_FOUND", body = ErrorBody),
+        (status = 503, description = "SERVICE_UNAVAILABLE, with Retry-After", body = ErrorBody),
+    )
+)]
+#[tracing::instrument(name = "get_voucher", skip_all, fields(code = %code))]
+pub async fn get_voucher(
+    State(state): State<AppState>,
+    ApiPath(code): ApiPath<String>,
+) -> Result<Json<VoucherView>> {
+    let code = VoucherCode::parse(code)?;
+    let (voucher, stats) = state.service.get(&code).await?;
+    Ok(Json(VoucherView::new(voucher, stats)))
+}

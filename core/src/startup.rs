@@ -1,0 +1,128 @@
+//! Building and running the application: what `main` does, and what tests do on port 0.
+
+use std::future::IntoFuture;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Settings;
+use crate::expiry::ExpiryJob;
+use crate::http::{self, AppState};
+use crate::metrics::Metrics;
+use crate::service::VoucherService;
+use crate::store::Store;
+
+pub struct Application {
+    api_listener: TcpListener,
+    metrics_listener: TcpListener,
+    router: axum::Router,
+    metrics_router: axum::Router,
+    expiry: Option<ExpiryJob>,
+    store: Store,
+}
+
+impl Application {
+    /// Connects, migrates (when configured), binds both listeners. Ports may be 0.
+    pub async fn build(settings: &Settings) -> anyhow::Result<Self> {
+        let store = Store::connect_lazy(&settings.database).context("database settings")?;
+        if settings.database.migrate {
+            store.migrate().await.context("applying migrations")?;
+        }
+        let metrics = Arc::new(Metrics::new());
+        let service =
+            VoucherService::new(store.clone(), metrics.clone(), settings.reservations.ttl());
+        let state = AppState {
+            service,
+            admin_token: settings.admin.token.as_str().into(),
+        };
+        let (router, _doc) = http::api_router(state, metrics.clone(), settings.http.max_body_bytes);
+        let expiry = settings.reservations.expiry_enabled.then(|| ExpiryJob {
+            store: store.clone(),
+            metrics: metrics.clone(),
+            interval: settings.reservations.expiry_interval(),
+            batch: settings.reservations.expiry_batch,
+        });
+        let api_listener = TcpListener::bind(settings.http.listen)
+            .await
+            .with_context(|| format!("binding {}", settings.http.listen))?;
+        let metrics_listener = TcpListener::bind(settings.http.metrics_listen)
+            .await
+            .with_context(|| format!("binding {}", settings.http.metrics_listen))?;
+        Ok(Self {
+            api_listener,
+            metrics_listener,
+            router,
+            metrics_router: http::metrics_router(metrics),
+            expiry,
+            store,
+        })
+    }
+
+    pub fn api_addr(&self) -> SocketAddr {
+        self.api_listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    pub fn metrics_addr(&self) -> SocketAddr {
+        self.metrics_listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Serves until `shutdown` is cancelled, then lets requests in flight finish.
+    pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let expiry = self
+            .expiry
+            .map(|job| tokio::spawn(job.run(shutdown.child_token())));
+        let metrics = tokio::spawn(
+            axum::serve(self.metrics_listener, self.metrics_router)
+                .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+                .into_future(),
+        );
+        tracing::info!(addr = %self.api_listener.local_addr()?, "serving the API");
+        axum::serve(self.api_listener, self.router)
+            .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+            .await?;
+        shutdown.cancel();
+        if let Some(expiry) = expiry {
+            let _ = expiry.await;
+        }
+        metrics.await??;
+        self.store.pool().close().await;
+        Ok(())
+    }
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutting down");
+}

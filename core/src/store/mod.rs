@@ -1,0 +1,63 @@
+//! PostgreSQL access: every SQL statement of the service lives under this module.
+//!
+//! - `vouchers`: create and read vouchers with their counts;
+//! - `reservations`: the standard-mode reservation transaction, confirm and release;
+//! - `expiry`: the batch that releases reservations past their TTL.
+//!
+//! Lock order, to keep transactions free of deadlocks: a redemption row, then the
+//! `customer_usage` rows (sorted), then the `vouchers` rows (sorted). Every transaction
+//! that changes counts takes its locks in that order.
+
+mod expiry;
+mod reservations;
+mod vouchers;
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+
+pub use expiry::ExpiredReservation;
+pub use reservations::ReserveOutcome;
+
+use crate::config::DatabaseSettings;
+
+/// The migrations of `migrations/`, embedded in the binary and applied at start-up.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+
+/// Handle on the database; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: PgPool,
+}
+
+impl Store {
+    pub fn new(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
+    /// Connects lazily: the service starts (and answers 503) even while PostgreSQL is down.
+    pub fn connect_lazy(settings: &DatabaseSettings) -> anyhow::Result<Self> {
+        let options: PgConnectOptions = settings.url.parse()?;
+        let pool = PgPoolOptions::new()
+            .max_connections(settings.max_connections)
+            .acquire_timeout(Duration::from_millis(settings.acquire_timeout_ms))
+            .connect_lazy_with(options);
+        Ok(Self::new(pool))
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    pub async fn migrate(&self) -> anyhow::Result<()> {
+        MIGRATOR.run(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Readiness: can we run a statement right now?
+    pub async fn ping(&self) -> crate::Result<()> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,335 @@
+use chrono::{DateTime, Utc};
+use sqlx::{FromRow, PgConnection};
+
+use super::Store;
+use crate::domain::{
+    CustomerId, Money, OrderId, Reservation, ReservationRequest, ReservationStatus, Voucher,
+    VoucherCode,
+};
+use crate::{Error, Result};
+
+/// A `redemptions` row as stored.
+#[derive(Debug, FromRow)]
+pub(super) struct RedemptionRow {
+    pub order_id: String,
+    pub voucher_code: String,
+    pub customer_id: String,
+    pub order_amount: i64,
+    pub discount_amount: i64,
+    pub status: String,
+    pub reserved_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+pub(super) const REDEMPTION_COLUMNS: &str = "order_id, voucher_code, customer_id, order_amount, \
+     discount_amount, status, reserved_at, expires_at";
+
+impl TryFrom<RedemptionRow> for Reservation {
+    type Error = Error;
+
+    fn try_from(row: RedemptionRow) -> Result<Self> {
+        let corrupt = |what: &str| Error::Internal(format!("stored redemption has invalid {what}"));
+        Ok(Reservation {
+            order_id: OrderId::parse(row.order_id).map_err(|_| corrupt("order_id"))?,
+            voucher_code: VoucherCode::parse(row.voucher_code)
+                .map_err(|_| corrupt("voucher_code"))?,
+            customer_id: CustomerId::parse(row.customer_id).map_err(|_| corrupt("customer_id"))?,
+            order_amount: Money::from_db(row.order_amount),
+            discount_amount: Money::from_db(row.discount_amount),
+            status: ReservationStatus::from_db(&row.status).ok_or_else(|| corrupt("status"))?,
+            reserved_at: row.reserved_at,
+            expires_at: row.expires_at,
+        })
+    }
+}
+
+/// What a successful reservation call did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReserveOutcome {
+    /// A new use was taken for this order.
+    Reserved(Reservation),
+    /// This exact request had been served before: its reservation, nothing consumed.
+    Retried(Reservation),
+}
+
+impl ReserveOutcome {
+    pub fn reservation(&self) -> &Reservation {
+        match self {
+            Self::Reserved(r) | Self::Retried(r) => r,
+        }
+    }
+}
+
+/// Turns an existing reservation for the same orderId into the answer for `request`.
+fn answer_retry(existing: Reservation, request: &ReservationRequest) -> Result<ReserveOutcome> {
+    if existing.is_retry_of(request) {
+        Ok(ReserveOutcome::Retried(existing))
+    } else {
+        Err(Error::OrderIdConflict)
+    }
+}
+
+impl Store {
+    /// The reservation by its orderId, whatever voucher it belongs to.
+    pub async fn reservation_by_order(&self, order_id: &OrderId) -> Result<Option<Reservation>> {
+        let row: Option<RedemptionRow> = sqlx::query_as(&format!(
+            "SELECT {REDEMPTION_COLUMNS} FROM redemptions WHERE order_id = $1"
+        ))
+        .bind(order_id.as_str())
+        .fetch_optional(self.pool())
+        .await?;
+        row.map(Reservation::try_from).transpose()
+    }
+
+    /// Standard mode: decides and records a reservation in one PostgreSQL transaction.
+    ///
+    /// Precedence of answers: a retry of a served request gets its reservation back (even
+    /// after the sale ended or sold out); then eligibility (422); then OUT_OF_STOCK when
+    /// the voucher is visibly sold out; then, under locks, the per-customer limit and the
+    /// total limit. The conditional UPDATE on the voucher row is the gate: PostgreSQL
+    /// re-evaluates `used_count < total_limit` after taking the row lock, so two
+    /// transactions can never both take the last use.
+    #[tracing::instrument(skip_all, fields(code = %voucher.code, order_id = %request.order_id))]
+    pub async fn reserve_standard(
+        &self,
+        voucher: &Voucher,
+        request: &ReservationRequest,
+        now: DateTime<Utc>,
+        ttl: chrono::Duration,
+    ) -> Result<ReserveOutcome> {
+        // One round trip answers the cheap questions before any lock is taken.
+        #[derive(FromRow)]
+        struct Precheck {
+            sold_out: bool,
+            existing_order_id: Option<String>,
+        }
+        let pre: Option<Precheck> = sqlx::query_as(
+            "SELECT v.used_count >= v.total_limit AS sold_out, r.order_id AS existing_order_id
+             FROM vouchers v LEFT JOIN redemptions r ON r.order_id = $2
+             WHERE v.code = $1",
+        )
+        .bind(voucher.code.as_str())
+        .bind(request.order_id.as_str())
+        .fetch_optional(self.pool())
+        .await?;
+        let pre = pre.ok_or(Error::VoucherNotFound)?;
+        if pre.existing_order_id.is_some() {
+            return self.answer_existing(request).await;
+        }
+        voucher
+            .check_eligible(now, request.order_amount)
+            .map_err(Error::NotEligible)?;
+        if pre.sold_out {
+            return Err(Error::OutOfStock);
+        }
+
+        let mut tx = self.pool().begin().await?;
+        let inserted = insert_redemption(&mut tx, voucher, request, now, now + ttl).await?;
+        let Some(reservation) = inserted else {
+            // A concurrent request with this orderId committed first: PostgreSQL waited for
+            // it on the unique index, so its row is visible to our next statement.
+            tx.rollback().await?;
+            return self.answer_existing(request).await;
+        };
+        if !take_customer_use(&mut tx, voucher, &request.customer_id).await? {
+            tx.rollback().await?;
+            return Err(Error::AlreadyUsed);
+        }
+        if !take_voucher_use(&mut tx, &voucher.code).await? {
+            tx.rollback().await?;
+            return Err(Error::OutOfStock);
+        }
+        tx.commit().await?;
+        Ok(ReserveOutcome::Reserved(reservation))
+    }
+
+    async fn answer_existing(&self, request: &ReservationRequest) -> Result<ReserveOutcome> {
+        let existing = self
+            .reservation_by_order(&request.order_id)
+            .await?
+            .ok_or_else(|| Error::Internal("reservation vanished".into()))?;
+        answer_retry(existing, request)
+    }
+
+    /// Confirms a reservation. Idempotent: confirming a confirmed one answers the same.
+    #[tracing::instrument(skip_all, fields(code = %code, order_id = %order_id))]
+    pub async fn confirm(
+        &self,
+        code: &VoucherCode,
+        order_id: &OrderId,
+        now: DateTime<Utc>,
+    ) -> Result<Reservation> {
+        let row: Option<RedemptionRow> = sqlx::query_as(&format!(
+            "UPDATE redemptions SET status = 'CONFIRMED', confirmed_at = $3
+             WHERE voucher_code = $1 AND order_id = $2 AND status = 'RESERVED'
+             RETURNING {REDEMPTION_COLUMNS}"
+        ))
+        .bind(code.as_str())
+        .bind(order_id.as_str())
+        .bind(now)
+        .fetch_optional(self.pool())
+        .await?;
+        if let Some(row) = row {
+            return row.try_into();
+        }
+        let current = self.reservation_on_voucher(code, order_id).await?;
+        match current.status {
+            ReservationStatus::Confirmed => Ok(current),
+            ReservationStatus::Released => Err(Error::AlreadyReleased),
+            // Only reachable if a concurrent release was rolled back between our two reads.
+            ReservationStatus::Reserved => Err(Error::Unavailable("database")),
+        }
+    }
+
+    /// Releases a reservation and gives its use back. Idempotent: releasing a released one
+    /// answers the same and gives nothing back twice.
+    #[tracing::instrument(skip_all, fields(code = %code, order_id = %order_id))]
+    pub async fn release(
+        &self,
+        code: &VoucherCode,
+        order_id: &OrderId,
+        now: DateTime<Utc>,
+    ) -> Result<Reservation> {
+        let mut tx = self.pool().begin().await?;
+        let row: Option<RedemptionRow> = sqlx::query_as(&format!(
+            "UPDATE redemptions SET status = 'RELEASED', released_at = $3
+             WHERE voucher_code = $1 AND order_id = $2 AND status = 'RESERVED'
+             RETURNING {REDEMPTION_COLUMNS}"
+        ))
+        .bind(code.as_str())
+        .bind(order_id.as_str())
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some(row) = row {
+            let released: Reservation = row.try_into()?;
+            give_back_uses(
+                &mut tx,
+                &[(released.voucher_code.clone(), released.customer_id.clone())],
+            )
+            .await?;
+            tx.commit().await?;
+            return Ok(released);
+        }
+        tx.rollback().await?;
+        let current = self.reservation_on_voucher(code, order_id).await?;
+        match current.status {
+            ReservationStatus::Released => Ok(current),
+            ReservationStatus::Confirmed => Err(Error::AlreadyConfirmed),
+            ReservationStatus::Reserved => Err(Error::Unavailable("database")),
+        }
+    }
+
+    async fn reservation_on_voucher(
+        &self,
+        code: &VoucherCode,
+        order_id: &OrderId,
+    ) -> Result<Reservation> {
+        let row: Option<RedemptionRow> = sqlx::query_as(&format!(
+            "SELECT {REDEMPTION_COLUMNS} FROM redemptions WHERE voucher_code = $1 AND order_id = $2"
+        ))
+        .bind(code.as_str())
+        .bind(order_id.as_str())
+        .fetch_optional(self.pool())
+        .await?;
+        row.ok_or(Error::ReservationNotFound)?.try_into()
+    }
+}
+
+/// Inserts the RESERVED row; `None` when the orderId is already taken.
+async fn insert_redemption(
+    conn: &mut PgConnection,
+    voucher: &Voucher,
+    request: &ReservationRequest,
+    reserved_at: DateTime<Utc>,
+    expires_at: DateTime<Utc>,
+) -> Result<Option<Reservation>> {
+    let row: Option<RedemptionRow> = sqlx::query_as(&format!(
+        "INSERT INTO redemptions (voucher_code, customer_id, order_id, order_amount,
+                                  discount_amount, reserved_at, expires_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
+         ON CONFLICT (order_id) DO NOTHING
+         RETURNING {REDEMPTION_COLUMNS}"
+    ))
+    .bind(voucher.code.as_str())
+    .bind(request.customer_id.as_str())
+    .bind(request.order_id.as_str())
+    .bind(request.order_amount.minor_units())
+    .bind(voucher.discount_for(request.order_amount).minor_units())
+    .bind(reserved_at)
+    .bind(expires_at)
+    .fetch_optional(conn)
+    .await?;
+    row.map(Reservation::try_from).transpose()
+}
+
+/// Takes one of the customer's uses if it has one left. The upsert locks the customer's
+/// row, so two orders of one customer are serialised and the second sees the first.
+async fn take_customer_use(
+    conn: &mut PgConnection,
+    voucher: &Voucher,
+    customer: &CustomerId,
+) -> Result<bool> {
+    let taken = sqlx::query(
+        "INSERT INTO customer_usage AS u (voucher_code, customer_id, active_count, per_user_limit)
+         VALUES ($1, $2, 1, $3)
+         ON CONFLICT (voucher_code, customer_id)
+         DO UPDATE SET active_count = u.active_count + 1
+         WHERE u.active_count < u.per_user_limit",
+    )
+    .bind(voucher.code.as_str())
+    .bind(customer.as_str())
+    .bind(voucher.per_user_limit)
+    .execute(conn)
+    .await?
+    .rows_affected();
+    Ok(taken == 1)
+}
+
+/// The gate of standard mode: takes one use if one is left.
+async fn take_voucher_use(conn: &mut PgConnection, code: &VoucherCode) -> Result<bool> {
+    let taken = sqlx::query(
+        "UPDATE vouchers SET used_count = used_count + 1
+         WHERE code = $1 AND used_count < total_limit",
+    )
+    .bind(code.as_str())
+    .execute(conn)
+    .await?
+    .rows_affected();
+    Ok(taken == 1)
+}
+
+/// Gives back one use per released row, to its customer and its voucher, taking the locks
+/// in the store's order (customers sorted, then vouchers sorted).
+pub(super) async fn give_back_uses(
+    conn: &mut PgConnection,
+    released: &[(VoucherCode, CustomerId)],
+) -> Result<()> {
+    let mut per_customer: std::collections::BTreeMap<(&str, &str), i32> = Default::default();
+    let mut per_voucher: std::collections::BTreeMap<&str, i32> = Default::default();
+    for (code, customer) in released {
+        *per_customer
+            .entry((code.as_str(), customer.as_str()))
+            .or_default() += 1;
+        *per_voucher.entry(code.as_str()).or_default() += 1;
+    }
+    for ((code, customer), n) in per_customer {
+        sqlx::query(
+            "UPDATE customer_usage SET active_count = active_count - $3
+             WHERE voucher_code = $1 AND customer_id = $2",
+        )
+        .bind(code)
+        .bind(customer)
+        .bind(n)
+        .execute(&mut *conn)
+        .await?;
+    }
+    for (code, n) in per_voucher {
+        sqlx::query("UPDATE vouchers SET used_count = used_count - $2 WHERE code = $1")
+            .bind(code)
+            .bind(n)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
