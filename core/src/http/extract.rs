@@ -54,6 +54,17 @@ where
 pub struct BodyLimit(pub usize);
 
 fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
+    // serde would also build a struct from a JSON array of its fields in order; the API
+    // takes objects only.
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        return Err(
+            match serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
+                Ok(_) => Error::InvalidRequest(FieldError::new("body", "must be a JSON object")),
+                Err(e) => Error::MalformedJson(e.to_string()),
+            },
+        );
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();

@@ -1,0 +1,102 @@
+//! PostgreSQL is the last guard: even SQL that bypasses the service cannot oversell.
+
+use sqlx::PgPool;
+
+use crate::helpers::{voucher_body, TestEnv};
+
+async fn violated_constraint(pool: &PgPool, sql: &str) -> Option<String> {
+    match sqlx::query(sql).execute(pool).await {
+        Ok(_) => None,
+        Err(sqlx::Error::Database(e)) => e.constraint().map(str::to_owned),
+        Err(e) => panic!("unexpected error: {e}"),
+    }
+}
+
+#[tokio::test]
+async fn used_count_cannot_be_pushed_past_the_limit_in_sql() {
+    let env = TestEnv::start().await;
+    env.app.given_voucher(voucher_body("GUARD", 3, 1)).await;
+
+    let past_limit = violated_constraint(
+        &env.pool,
+        "UPDATE vouchers SET used_count = total_limit + 1 WHERE code = 'GUARD'",
+    )
+    .await;
+    let one_by_one = violated_constraint(
+        &env.pool,
+        "UPDATE vouchers SET used_count = used_count + 4 WHERE code = 'GUARD'",
+    )
+    .await;
+    let negative = violated_constraint(
+        &env.pool,
+        "UPDATE vouchers SET used_count = -1 WHERE code = 'GUARD'",
+    )
+    .await;
+
+    assert_eq!(past_limit.as_deref(), Some("vouchers_used_within_limit"));
+    assert_eq!(one_by_one.as_deref(), Some("vouchers_used_within_limit"));
+    assert_eq!(negative.as_deref(), Some("vouchers_used_not_negative"));
+    assert_eq!(env.app.voucher_json("GUARD").await["usedCount"], 0);
+    env.finish(&[]).await;
+}
+
+#[tokio::test]
+async fn an_order_id_cannot_hold_two_rows_nor_a_customer_exceed_its_limit_in_sql() {
+    let env = TestEnv::start().await;
+    env.app.given_voucher(voucher_body("GUARD", 3, 1)).await;
+    env.app.reserve("GUARD", "c1", "o1", 100_000).await;
+
+    let second_row = violated_constraint(
+        &env.pool,
+        "INSERT INTO redemptions (voucher_code, customer_id, order_id, order_amount, discount_amount, expires_at)
+         VALUES ('GUARD', 'c2', 'o1', 100000, 100000, now())",
+    )
+    .await;
+    let customer_over = violated_constraint(
+        &env.pool,
+        "UPDATE customer_usage SET active_count = active_count + 1 WHERE voucher_code = 'GUARD' AND customer_id = 'c1'",
+    )
+    .await;
+
+    assert_eq!(second_row.as_deref(), Some("redemptions_order_id_key"));
+    assert_eq!(
+        customer_over.as_deref(),
+        Some("customer_usage_within_limit")
+    );
+    env.finish(&[voucher_core::invariants::Accepted {
+        voucher_code: "GUARD".into(),
+        customer_id: "c1".into(),
+        order_id: "o1".into(),
+    }])
+    .await;
+}
+
+#[tokio::test]
+async fn the_invariant_checker_catches_a_drifted_counter() {
+    // The checker must be able to fail, or every test that ends with it proves nothing.
+    let env = TestEnv::start().await;
+    env.app.given_voucher(voucher_body("DRIFT", 3, 1)).await;
+    env.app.reserve("DRIFT", "c1", "o1", 100_000).await;
+    sqlx::query("UPDATE vouchers SET used_count = 2 WHERE code = 'DRIFT'")
+        .execute(&env.pool)
+        .await
+        .expect("update");
+    let lost = voucher_core::invariants::Accepted {
+        voucher_code: "DRIFT".into(),
+        customer_id: "c9".into(),
+        order_id: "never-stored".into(),
+    };
+
+    let report = voucher_core::invariants::check(&env.pool, &[lost])
+        .await
+        .expect("check runs");
+
+    assert_eq!(report.violations.len(), 2, "{:#?}", report.violations);
+    assert!(report.violations[0].contains("used_count 2 but 1 active"));
+    assert!(report.violations[1].contains("never-stored has no row"));
+    sqlx::query("UPDATE vouchers SET used_count = 1 WHERE code = 'DRIFT'")
+        .execute(&env.pool)
+        .await
+        .expect("repair");
+    env.finish(&[]).await;
+}

@@ -1,0 +1,161 @@
+//! The expiry job: reservations past their TTL are released exactly once, whatever number
+//! of instances run the job.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use reqwest::StatusCode;
+use sqlx::postgres::PgPoolOptions;
+use voucher_core::store::Store;
+
+use crate::helpers::{
+    accepted, count, reserve_concurrently, settings_for, voucher_body, TestApp, TestDb, TestEnv,
+};
+
+/// Reads `voucher_expired_releases_total` from an app's metrics.
+async fn expired_releases(app: &TestApp) -> u64 {
+    app.metrics_text()
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix("voucher_expired_releases_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_running_the_job_release_each_expired_reservation_once() {
+    // Arrange: two instances on one database, both running the job often, TTL of 1 s.
+    let db = TestDb::create().await;
+    let mut settings = settings_for(&db.url);
+    settings.reservations.ttl_secs = 1;
+    settings.reservations.expiry_enabled = true;
+    settings.reservations.expiry_interval_ms = 20;
+    settings.reservations.expiry_batch = 7; // several batches, so the workers interleave
+    let a = TestApp::start(&settings).await;
+    let b = TestApp::start(&settings).await;
+    a.given_voucher(voucher_body("EXP", 40, 1)).await;
+    let attempts = (0..40)
+        .map(|i| (format!("c{i}"), format!("o{i}")))
+        .collect();
+    let held = reserve_concurrently(&a, "EXP", attempts).await;
+    assert_eq!(count(&held, StatusCode::CREATED, ""), 40);
+
+    // Act: wait (bounded) until the jobs have given every use back.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let used = b.voucher_json("EXP").await["usedCount"].as_i64();
+        if used == Some(0) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "uses not given back in time: {used:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Assert: 40 releases in all, split between the two instances however it fell.
+    let (by_a, by_b) = (expired_releases(&a).await, expired_releases(&b).await);
+    assert_eq!(by_a + by_b, 40, "a released {by_a}, b released {by_b}");
+    let voucher = a.voucher_json("EXP").await;
+    assert_eq!(
+        (voucher["remaining"].as_i64(), voucher["reserved"].as_i64()),
+        (Some(40), Some(0))
+    );
+    let confirm = a.confirm("EXP", "o0").await;
+    assert_eq!(
+        confirm.status(),
+        StatusCode::CONFLICT,
+        "an expired reservation cannot be confirmed"
+    );
+    let again = a.reserve("EXP", "c0", "o-new", 100_000).await;
+    assert_eq!(
+        again.status(),
+        StatusCode::CREATED,
+        "an expired use is available again"
+    );
+
+    let pool = PgPoolOptions::new().connect(&db.url).await.expect("pool");
+    let mut all = accepted("EXP", &held);
+    all.push(voucher_core::invariants::Accepted {
+        voucher_code: "EXP".into(),
+        customer_id: "c0".into(),
+        order_id: "o-new".into(),
+    });
+    let report = voucher_core::invariants::check(&pool, &all)
+        .await
+        .expect("check runs");
+    assert!(report.holds(), "{:#?}", report.violations);
+    a.stop().await;
+    b.stop().await;
+    pool.close().await;
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_expiry_batches_partition_the_due_rows() {
+    // Deterministic: no waiting for a clock; the job is asked about a moment past the TTL.
+    let env = TestEnv::start().await;
+    env.app.given_voucher(voucher_body("EXP", 60, 1)).await;
+    let held = reserve_concurrently(
+        &env.app,
+        "EXP",
+        (0..60)
+            .map(|i| (format!("c{i}"), format!("o{i}")))
+            .collect(),
+    )
+    .await;
+    env.app.confirm("EXP", "o0").await;
+    env.app.release("EXP", "o1").await;
+    let store = Store::new(env.pool.clone());
+    let later = Utc::now() + chrono::Duration::minutes(16);
+
+    let runs = crate::helpers::run_all((0..6).map(|_| {
+        let store = store.clone();
+        async move {
+            let mut mine = Vec::new();
+            loop {
+                let batch = store.release_expired(later, 4).await.expect("expiry runs");
+                if batch.is_empty() {
+                    return mine;
+                }
+                mine.extend(batch.into_iter().map(|r| r.order_id.to_string()));
+            }
+        }
+    }))
+    .await;
+
+    let mut released: Vec<String> = runs.into_iter().flatten().collect();
+    let total = released.len();
+    released.sort();
+    released.dedup();
+    assert_eq!(
+        total, 58,
+        "every open reservation but the confirmed and the released one"
+    );
+    assert_eq!(released.len(), total, "no reservation released twice");
+    assert!(!released.contains(&"o0".to_owned()) && !released.contains(&"o1".to_owned()));
+    assert_eq!(
+        env.app.voucher_json("EXP").await["usedCount"],
+        1,
+        "only the confirmed use is held"
+    );
+    env.finish(&accepted("EXP", &held)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reservations_not_yet_due_are_left_alone() {
+    let env = TestEnv::start().await;
+    env.app.given_voucher(voucher_body("EXP", 5, 1)).await;
+    let held = reserve_concurrently(&env.app, "EXP", vec![("c1".into(), "o1".into())]).await;
+    let store = Store::new(env.pool.clone());
+
+    let released = store
+        .release_expired(Utc::now(), 100)
+        .await
+        .expect("expiry runs");
+
+    assert!(released.is_empty());
+    assert_eq!(env.app.voucher_json("EXP").await["usedCount"], 1);
+    env.finish(&accepted("EXP", &held)).await;
+}

@@ -1,0 +1,316 @@
+//! Test harness: each test gets its own PostgreSQL database and its own app on port 0.
+
+use std::future::Future;
+
+use chrono::{DateTime, Duration, Utc};
+use reqwest::{Response, StatusCode};
+use serde_json::{json, Value};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, PgConnection, PgPool};
+use tokio_util::sync::CancellationToken;
+use voucher_core::config::{
+    AdminSettings, DatabaseSettings, HttpSettings, LogSettings, ReservationSettings, Settings,
+};
+use voucher_core::invariants::{self, Accepted};
+use voucher_core::startup::Application;
+
+pub const ADMIN_TOKEN: &str = "test-admin-token";
+
+/// Where the tests' PostgreSQL server is (no database name).
+fn server_url() -> String {
+    std::env::var("TEST_DATABASE_SERVER")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+}
+
+/// A fresh, migrated-by-the-app database of our own.
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+}
+
+impl TestDb {
+    pub async fn create() -> Self {
+        let name = format!("vt_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = PgConnection::connect(&format!("{}/postgres", server_url()))
+            .await
+            .expect("PostgreSQL must run on 127.0.0.1:5432 (see README)");
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&mut admin)
+            .await
+            .expect("create test database");
+        let url = format!("{}/{name}", server_url());
+        Self { name, url }
+    }
+
+    /// Drops the database; called at the end of passing tests (a failing one leaves its
+    /// database behind to look at).
+    pub async fn drop_db(&self) {
+        if let Ok(mut admin) = PgConnection::connect(&format!("{}/postgres", server_url())).await {
+            let _ = sqlx::query(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ))
+            .execute(&mut admin)
+            .await;
+        }
+    }
+}
+
+pub fn settings_for(db_url: &str) -> Settings {
+    Settings {
+        http: HttpSettings {
+            listen: "127.0.0.1:0".parse().expect("valid address"),
+            metrics_listen: "127.0.0.1:0".parse().expect("valid address"),
+            max_body_bytes: 4096,
+        },
+        database: DatabaseSettings {
+            url: db_url.to_owned(),
+            max_connections: 10,
+            // Tests check behaviour, not speed: a slow shared machine must not turn into 503s.
+            acquire_timeout_ms: 60_000,
+            migrate: true,
+        },
+        admin: AdminSettings {
+            token: ADMIN_TOKEN.into(),
+        },
+        reservations: ReservationSettings {
+            ttl_secs: 900,
+            expiry_interval_ms: 60_000,
+            expiry_batch: 500,
+            expiry_enabled: false,
+        },
+        log: LogSettings::default(),
+    }
+}
+
+/// One running instance of the core.
+pub struct TestApp {
+    pub base: String,
+    pub metrics_base: String,
+    pub client: reqwest::Client,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl TestApp {
+    pub async fn start(settings: &Settings) -> Self {
+        let app = Application::build(settings).await.expect("app builds");
+        let base = format!("http://{}", app.api_addr());
+        let metrics_base = format!("http://{}", app.metrics_addr());
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(app.run_until_stopped(shutdown.clone()));
+        Self {
+            base,
+            metrics_base,
+            client: reqwest::Client::new(),
+            shutdown,
+            task,
+        }
+    }
+
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+    }
+
+    pub async fn post_json(&self, path: &str, body: &Value) -> Response {
+        self.client
+            .post(format!("{}{path}", self.base))
+            .json(body)
+            .send()
+            .await
+            .expect("request sent")
+    }
+
+    pub async fn create_voucher(&self, body: &Value) -> Response {
+        self.client
+            .post(format!("{}/vouchers", self.base))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(body)
+            .send()
+            .await
+            .expect("request sent")
+    }
+
+    /// Creates a voucher and panics unless it got 201.
+    pub async fn given_voucher(&self, body: Value) -> Value {
+        let resp = self.create_voucher(&body).await;
+        assert_eq!(resp.status(), StatusCode::CREATED, "creating {body}");
+        resp.json().await.expect("json")
+    }
+
+    pub async fn reserve(&self, code: &str, customer: &str, order: &str, amount: i64) -> Response {
+        self.post_json(
+            &format!("/vouchers/{code}/reservations"),
+            &json!({ "customerId": customer, "orderId": order, "orderAmount": amount }),
+        )
+        .await
+    }
+
+    pub async fn confirm(&self, code: &str, order: &str) -> Response {
+        self.client
+            .post(format!(
+                "{}/vouchers/{code}/reservations/{order}/confirm",
+                self.base
+            ))
+            .send()
+            .await
+            .expect("request sent")
+    }
+
+    pub async fn release(&self, code: &str, order: &str) -> Response {
+        self.client
+            .delete(format!(
+                "{}/vouchers/{code}/reservations/{order}",
+                self.base
+            ))
+            .send()
+            .await
+            .expect("request sent")
+    }
+
+    pub async fn get_voucher(&self, code: &str) -> Response {
+        self.client
+            .get(format!("{}/vouchers/{code}", self.base))
+            .send()
+            .await
+            .expect("request sent")
+    }
+
+    pub async fn voucher_json(&self, code: &str) -> Value {
+        let resp = self.get_voucher(code).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        resp.json().await.expect("json")
+    }
+
+    pub async fn metrics_text(&self) -> String {
+        self.client
+            .get(format!("{}/metrics", self.metrics_base))
+            .send()
+            .await
+            .expect("metrics reachable")
+            .text()
+            .await
+            .expect("text")
+    }
+}
+
+/// A database and one app on it: what most tests need.
+pub struct TestEnv {
+    pub db: TestDb,
+    pub app: TestApp,
+    pub pool: PgPool,
+}
+
+impl TestEnv {
+    pub async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    pub async fn start_with(tweak: impl FnOnce(&mut Settings)) -> Self {
+        let db = TestDb::create().await;
+        let mut settings = settings_for(&db.url);
+        tweak(&mut settings);
+        let app = TestApp::start(&settings).await;
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .connect(&db.url)
+            .await
+            .expect("test pool");
+        Self { db, app, pool }
+    }
+
+    /// Checks DESIGN.md's invariants given every 201 the test saw, then cleans up.
+    pub async fn finish(self, accepted: &[Accepted]) {
+        let report = invariants::check(&self.pool, accepted)
+            .await
+            .expect("invariant queries run");
+        assert!(
+            report.holds(),
+            "invariants violated: {:#?}",
+            report.violations
+        );
+        self.app.stop().await;
+        self.pool.close().await;
+        self.db.drop_db().await;
+    }
+}
+
+/// A voucher body valid now, with the given limits.
+pub fn voucher_body(code: &str, total_limit: i64, per_user_limit: i64) -> Value {
+    let now = Utc::now();
+    json!({
+        "code": code,
+        "discountAmount": 100_000,
+        "minOrderAmount": 50_000,
+        "totalLimit": total_limit,
+        "perUserLimit": per_user_limit,
+        "startsAt": rfc3339(now - Duration::hours(1)),
+        "endsAt": rfc3339(now + Duration::hours(1)),
+        "mode": "standard",
+    })
+}
+
+pub fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// What one reservation attempt returned.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    pub customer: String,
+    pub order: String,
+    pub status: StatusCode,
+    pub body: Value,
+}
+
+impl Attempt {
+    pub fn code(&self) -> &str {
+        self.body["error"].as_str().unwrap_or("")
+    }
+}
+
+/// Runs all `attempts` at once (each a (customer, order) pair) against one voucher.
+pub async fn reserve_concurrently(
+    app: &TestApp,
+    code: &str,
+    attempts: Vec<(String, String)>,
+) -> Vec<Attempt> {
+    run_all(attempts.into_iter().map(|(customer, order)| async move {
+        let resp = app.reserve(code, &customer, &order, 100_000).await;
+        let status = resp.status();
+        let body: Value = resp.json().await.expect("every answer is JSON");
+        Attempt {
+            customer,
+            order,
+            status,
+            body,
+        }
+    }))
+    .await
+}
+
+pub async fn run_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    futures::future::join_all(futures).await
+}
+
+/// The 201s among `attempts`, as the invariant checker wants them (retries once).
+pub fn accepted(code: &str, attempts: &[Attempt]) -> Vec<Accepted> {
+    let mut seen = std::collections::HashSet::new();
+    attempts
+        .iter()
+        .filter(|a| a.status == StatusCode::CREATED && seen.insert(a.order.clone()))
+        .map(|a| Accepted {
+            voucher_code: code.to_owned(),
+            customer_id: a.customer.clone(),
+            order_id: a.order.clone(),
+        })
+        .collect()
+}
+
+pub fn count(attempts: &[Attempt], status: StatusCode, code: &str) -> usize {
+    attempts
+        .iter()
+        .filter(|a| a.status == status && a.code() == code)
+        .count()
+}

@@ -1,0 +1,284 @@
+//! Nothing a client sends can cause a 500 or take a use: every bad request is a 4xx with
+//! a stable code.
+
+use reqwest::header::CONTENT_TYPE;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use crate::helpers::{voucher_body, TestEnv};
+
+async fn send_raw(
+    env: &TestEnv,
+    path: &str,
+    content_type: Option<&str>,
+    body: impl Into<reqwest::Body>,
+) -> (StatusCode, Value) {
+    let mut req = env
+        .app
+        .client
+        .post(format!("{}{path}", env.app.base))
+        .body(body);
+    if let Some(ct) = content_type {
+        req = req.header(CONTENT_TYPE, ct);
+    }
+    let resp = req.send().await.expect("sent");
+    let status = resp.status();
+    (status, resp.json().await.expect("every answer is JSON"))
+}
+
+#[tokio::test]
+async fn bad_reservation_bodies_get_4xx_with_a_code_and_take_nothing() {
+    let env = TestEnv::start().await;
+    env.app.given_voucher(voucher_body("V", 10, 1)).await;
+    let path = "/vouchers/V/reservations";
+    let cases: Vec<(&str, String, StatusCode, &str, Option<&str>)> = vec![
+        (
+            "truncated",
+            r#"{"customerId":"c1","#.into(),
+            StatusCode::BAD_REQUEST,
+            "MALFORMED_JSON",
+            None,
+        ),
+        (
+            "not json",
+            "customerId=c1".into(),
+            StatusCode::BAD_REQUEST,
+            "MALFORMED_JSON",
+            None,
+        ),
+        (
+            "empty",
+            "".into(),
+            StatusCode::BAD_REQUEST,
+            "MALFORMED_JSON",
+            None,
+        ),
+        (
+            "trailing",
+            r#"{"customerId":"c1","orderId":"o1","orderAmount":100000} {}"#.into(),
+            StatusCode::BAD_REQUEST,
+            "MALFORMED_JSON",
+            None,
+        ),
+        (
+            "array",
+            "[]".into(),
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST",
+            Some("body"),
+        ),
+        (
+            "missing orderId",
+            json!({"customerId":"c1","orderAmount":100000}).to_string(),
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST",
+            Some("orderId"),
+        ),
+        (
+            "amount as string",
+            json!({"customerId":"c1","orderId":"o1","orderAmount":"100000"}).to_string(),
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST",
+            Some("orderAmount"),
+        ),
+        (
+            "negative amount",
+            json!({"customerId":"c1","orderId":"o1","orderAmount":-5}).to_string(),
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST",
+            Some("orderAmount"),
+        ),
+        (
+            "zero amount",
+            json!({"customerId":"c1","orderId":"o1","orderAmount":0}).to_string(),
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST",
+            Some("orderAmount"),
+        ),
+        (
+            "amount beyond i64",
+            r#"{"customerId":"c1","orderId":"o1","orderAmount":99999999999999999999}"#.into(),
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST",
+            Some("orderAmount"),
+        ),
+        (
+            "amount as float",
+            json!({"customerId":"c1","orderId":"o1","orderAmount":10.5}).to_string(),
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST",
+            Some("orderAmount"),
+        ),
+        (
+            "null customer",
+            json!({"customerId":null,"orderId":"o1","orderAmount":100000}).to_string(),
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST",
+            Some("customerId"),
+        ),
+        (
+            "numeric customer",
+            json!({"customerId":42,"orderId":"o1","orderAmount":100000}).to_string(),
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST",
+            Some("customerId"),
+        ),
+        (
+            "empty orderId",
+            json!({"customerId":"c1","orderId":"","orderAmount":100000}).to_string(),
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST",
+            Some("orderId"),
+        ),
+        (
+            "overlong orderId",
+            json!({"customerId":"c1","orderId":"o".repeat(65),"orderAmount":100000}).to_string(),
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST",
+            Some("orderId"),
+        ),
+        (
+            "overlong customerId",
+            json!({"customerId":"c".repeat(65),"orderId":"o1","orderAmount":100000}).to_string(),
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST",
+            Some("customerId"),
+        ),
+        (
+            "control characters",
+            json!({"customerId":"c1\u{0}","orderId":"o1","orderAmount":100000}).to_string(),
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST",
+            Some("customerId"),
+        ),
+        (
+            "sql-ish orderId",
+            json!({"customerId":"c1","orderId":"o1'; DROP TABLE vouchers;--","orderAmount":100000})
+                .to_string(),
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST",
+            Some("orderId"),
+        ),
+        (
+            "unknown field",
+            json!({"customerId":"c1","orderId":"o1","orderAmount":100000,"discount":1}).to_string(),
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST",
+            Some("discount"),
+        ),
+    ];
+    for (what, body, status, code, field) in cases {
+        let (got, err) = send_raw(&env, path, Some("application/json"), body).await;
+        assert_eq!(got, status, "{what}: {err}");
+        assert_eq!(err["error"], code, "{what}: {err}");
+        if let Some(field) = field {
+            assert_eq!(err["field"], field, "{what}: {err}");
+        }
+    }
+    assert_eq!(
+        env.app.voucher_json("V").await["usedCount"],
+        0,
+        "no bad request took a use"
+    );
+    env.finish(&[]).await;
+}
+
+#[tokio::test]
+async fn wrong_content_type_is_415_and_oversized_body_is_413() {
+    let env = TestEnv::start().await;
+    env.app.given_voucher(voucher_body("V", 10, 1)).await;
+    let valid = json!({"customerId":"c1","orderId":"o1","orderAmount":100000}).to_string();
+    let huge = json!({"customerId":"c1","orderId":"o1","orderAmount":100000, "pad": "x".repeat(64 * 1024)}).to_string();
+
+    let (no_type, e1) = send_raw(&env, "/vouchers/V/reservations", None, valid.clone()).await;
+    let (text, e2) = send_raw(&env, "/vouchers/V/reservations", Some("text/plain"), valid).await;
+    let (too_big, e3) = send_raw(
+        &env,
+        "/vouchers/V/reservations",
+        Some("application/json"),
+        huge.clone(),
+    )
+    .await;
+    // Without a Content-Length (chunked), the limit still holds.
+    let stream = futures::stream::iter(vec![Ok::<_, std::io::Error>(huge.into_bytes())]);
+    let (chunked, e4) = send_raw(
+        &env,
+        "/vouchers/V/reservations",
+        Some("application/json"),
+        reqwest::Body::wrap_stream(stream),
+    )
+    .await;
+
+    assert_eq!(
+        (no_type, e1["error"].as_str()),
+        (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Some("UNSUPPORTED_MEDIA_TYPE")
+        )
+    );
+    assert_eq!(
+        (text, e2["error"].as_str()),
+        (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Some("UNSUPPORTED_MEDIA_TYPE")
+        )
+    );
+    assert_eq!(
+        (too_big, e3["error"].as_str()),
+        (StatusCode::PAYLOAD_TOO_LARGE, Some("PAYLOAD_TOO_LARGE"))
+    );
+    assert_eq!(
+        (chunked, e4["error"].as_str()),
+        (StatusCode::PAYLOAD_TOO_LARGE, Some("PAYLOAD_TOO_LARGE"))
+    );
+    assert_eq!(env.app.voucher_json("V").await["usedCount"], 0);
+    env.finish(&[]).await;
+}
+
+#[tokio::test]
+async fn bad_path_parameters_are_400_and_unknown_routes_404_json() {
+    let env = TestEnv::start().await;
+    env.app.given_voucher(voucher_body("V", 10, 1)).await;
+    let long_order = "o".repeat(65);
+
+    let bad_code = env.app.reserve(&"C".repeat(33), "c1", "o1", 100_000).await;
+    let bad_order = env.app.confirm("V", &long_order).await;
+    let bad_release = env.app.release("V", "a%20b").await;
+    let unknown = env
+        .app
+        .client
+        .get(format!("{}/no/such/route", env.app.base))
+        .send()
+        .await
+        .expect("sent");
+    let wrong_method = env
+        .app
+        .client
+        .put(format!("{}/vouchers/V", env.app.base))
+        .send()
+        .await
+        .expect("sent");
+
+    assert_eq!(bad_code.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        bad_code.json::<Value>().await.expect("json")["field"],
+        "code"
+    );
+    assert_eq!(bad_order.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        bad_order.json::<Value>().await.expect("json")["field"],
+        "orderId"
+    );
+    assert_eq!(bad_release.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(unknown.status(), StatusCode::NOT_FOUND);
+    assert_eq!(
+        unknown.json::<Value>().await.expect("json")["error"],
+        "ROUTE_NOT_FOUND"
+    );
+    assert_eq!(wrong_method.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(
+        wrong_method.json::<Value>().await.expect("json")["error"],
+        "METHOD_NOT_ALLOWED"
+    );
+    env.finish(&[]).await;
+}

@@ -1,0 +1,11 @@
+//! Integration tests of voucher-core against the real local PostgreSQL. Each test creates
+//! its own database and starts the real application on port 0.
+
+mod concurrency;
+mod constraints;
+mod expiry;
+mod helpers;
+mod input;
+mod operations;
+mod reservations;
+mod vouchers;

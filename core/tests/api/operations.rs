@@ -1,0 +1,202 @@
+//! What operators rely on: health, readiness, metrics on their own port, the OpenAPI
+//! document, and a clear 503 when the database is down.
+
+use std::collections::BTreeSet;
+
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use crate::helpers::{settings_for, voucher_body, TestApp, TestEnv};
+
+#[tokio::test]
+async fn health_and_readiness_answer_when_the_database_is_up() {
+    let env = TestEnv::start().await;
+
+    let health = env
+        .app
+        .client
+        .get(format!("{}/healthz", env.app.base))
+        .send()
+        .await
+        .expect("sent");
+    let ready = env
+        .app
+        .client
+        .get(format!("{}/readyz", env.app.base))
+        .send()
+        .await
+        .expect("sent");
+
+    assert_eq!(health.status(), StatusCode::OK);
+    assert_eq!(ready.status(), StatusCode::OK);
+    env.finish(&[]).await;
+}
+
+#[tokio::test]
+async fn a_database_that_cannot_be_reached_gives_503_with_retry_after() {
+    // A port nothing listens on: the service still starts (lazy pool) and says why it cannot serve.
+    let mut settings = settings_for("postgres://postgres@127.0.0.1:1/none");
+    settings.database.migrate = false;
+    settings.database.acquire_timeout_ms = 500;
+    let app = TestApp::start(&settings).await;
+
+    let ready = app
+        .client
+        .get(format!("{}/readyz", app.base))
+        .send()
+        .await
+        .expect("sent");
+    let reserve = app.reserve("ANY", "c1", "o1", 100_000).await;
+    let health = app
+        .client
+        .get(format!("{}/healthz", app.base))
+        .send()
+        .await
+        .expect("sent");
+
+    assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reserve.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reserve.headers()["retry-after"], "1");
+    let err: Value = reserve.json().await.expect("json");
+    assert_eq!(err["error"], "SERVICE_UNAVAILABLE");
+    assert!(
+        !err["message"].as_str().unwrap_or("").contains("127.0.0.1"),
+        "no internals leak: {err}"
+    );
+    assert_eq!(
+        health.status(),
+        StatusCode::OK,
+        "liveness does not depend on the database"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn metrics_are_served_on_their_own_port_by_route_template() {
+    let env = TestEnv::start().await;
+    env.app.given_voucher(voucher_body("M", 1, 1)).await;
+    env.app.reserve("M", "c1", "o1", 100_000).await;
+    env.app.reserve("M", "c2", "o2", 100_000).await;
+
+    let text = env.app.metrics_text().await;
+    let public = env
+        .app
+        .client
+        .get(format!("{}/metrics", env.app.base))
+        .send()
+        .await
+        .expect("sent");
+
+    assert_eq!(
+        public.status(),
+        StatusCode::NOT_FOUND,
+        "metrics are not on the public port"
+    );
+    assert!(text.contains(r#"http_requests_total{code="OK",method="POST",route="/vouchers/{code}/reservations",status="201"} 1"#), "{text}");
+    assert!(text.contains(r#"http_requests_total{code="OUT_OF_STOCK",method="POST",route="/vouchers/{code}/reservations",status="409"} 1"#), "{text}");
+    assert!(
+        text.contains(r#"voucher_reservations_total{mode="standard",outcome="reserved"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"voucher_reservations_total{mode="standard",outcome="OUT_OF_STOCK"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains("http_request_duration_seconds_bucket"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("route=\"/vouchers/M"),
+        "raw paths never become labels"
+    );
+    env.finish(&[voucher_core::invariants::Accepted {
+        voucher_code: "M".into(),
+        customer_id: "c1".into(),
+        order_id: "o1".into(),
+    }])
+    .await;
+}
+
+#[tokio::test]
+async fn the_openapi_document_describes_exactly_the_served_routes() {
+    let env = TestEnv::start().await;
+
+    let doc: Value = env
+        .app
+        .client
+        .get(format!("{}/openapi.json", env.app.base))
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("json");
+
+    let mut operations = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for method in item.as_object().expect("path item").keys() {
+            operations.insert(format!("{} {path}", method.to_uppercase()));
+        }
+    }
+    let expected: BTreeSet<String> = [
+        "POST /vouchers",
+        "GET /vouchers/{code}",
+        "POST /vouchers/{code}/reservations",
+        "POST /vouchers/{code}/reservations/{orderId}/confirm",
+        "DELETE /vouchers/{code}/reservations/{orderId}",
+        "GET /healthz",
+        "GET /readyz",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    assert_eq!(operations, expected);
+    let documented = |path: &str, method: &str| -> BTreeSet<String> {
+        doc["paths"][path][method]["responses"]
+            .as_object()
+            .expect("responses")
+            .keys()
+            .cloned()
+            .collect()
+    };
+    let set = |codes: &[&str]| codes.iter().map(|c| c.to_string()).collect::<BTreeSet<_>>();
+    assert_eq!(
+        documented("/vouchers/{code}/reservations", "post"),
+        set(&["201", "400", "404", "409", "413", "415", "422", "503"])
+    );
+    assert_eq!(
+        documented("/vouchers", "post"),
+        set(&["201", "400", "401", "403", "409", "413", "415", "503"])
+    );
+    assert_eq!(
+        documented("/vouchers/{code}/reservations/{orderId}/confirm", "post"),
+        set(&["200", "400", "404", "409", "503"])
+    );
+    assert_eq!(
+        documented("/vouchers/{code}/reservations/{orderId}", "delete"),
+        set(&["200", "400", "404", "409", "503"])
+    );
+    assert!(doc["components"]["securitySchemes"]["admin"].is_object());
+    for schema in [
+        "CreateVoucher",
+        "Reserve",
+        "ReservationView",
+        "VoucherView",
+        "ErrorBody",
+    ] {
+        assert!(
+            doc["components"]["schemas"][schema].is_object(),
+            "{schema} documented"
+        );
+    }
+    // Request schemas say which fields are required, as the service enforces.
+    let required: BTreeSet<String> = doc["components"]["schemas"]["Reserve"]["required"]
+        .as_array()
+        .expect("required")
+        .iter()
+        .filter_map(|v| v.as_str().map(String::from))
+        .collect();
+    assert_eq!(required, set(&["customerId", "orderId", "orderAmount"]));
+    env.finish(&[]).await;
+}
