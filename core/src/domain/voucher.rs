@@ -222,7 +222,7 @@ mod tests {
             )
         };
         assert!(make(10, 10).is_ok());
-        assert_eq!(make(10, 11).map(|_| ()).unwrap_err().field, "perUserLimit");
-        assert_eq!(make(0, 1).map(|_| ()).unwrap_err().field, "totalLimit");
+        assert_eq!(make(10, 11).map(|_| ()).expect_err("must be refused").field, "perUserLimit");
+        assert_eq!(make(0, 1).map(|_| ()).expect_err("must be refused").field, "totalLimit");
     }
 }

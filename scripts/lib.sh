@@ -1,0 +1,60 @@
+# Shared helpers of the project's scripts. Source it: `. "$(dirname "$0")/lib.sh"`.
+# Every function is safe to call when its service already runs.
+
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+RUN_DIR="$ROOT/run"          # pid files and logs of what the scripts start (git-ignored)
+mkdir -p "$RUN_DIR"
+
+log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+# wait_for_port HOST PORT SECONDS
+wait_for_port() {
+  local host=$1 port=$2 secs=$3 i
+  for ((i = 0; i < secs * 10; i++)); do
+    if (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null; then return 0; fi
+    sleep 0.1
+  done
+  echo "nothing listens on $host:$port after ${secs}s" >&2
+  return 1
+}
+
+# PostgreSQL is started by the machine before each session; restart it if it stopped.
+ensure_postgres() {
+  if pg_isready -q -h 127.0.0.1 -p 5432; then return 0; fi
+  log "starting PostgreSQL"
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start
+  for _ in $(seq 1 50); do pg_isready -q -h 127.0.0.1 -p 5432 && return 0; sleep 0.2; done
+  echo "PostgreSQL did not come up" >&2
+  return 1
+}
+
+# ensure_database NAME
+ensure_database() {
+  local name=$1
+  if ! psql -h 127.0.0.1 -U postgres -Atc "SELECT 1 FROM pg_database WHERE datname = '$name'" | grep -q 1; then
+    psql -h 127.0.0.1 -U postgres -qc "CREATE DATABASE \"$name\""
+  fi
+}
+
+# start_bg NAME COMMAND...: runs COMMAND in the background, pid in run/NAME.pid, log in run/NAME.log.
+start_bg() {
+  local name=$1; shift
+  stop_bg "$name"
+  nohup "$@" >"$RUN_DIR/$name.log" 2>&1 &
+  echo $! >"$RUN_DIR/$name.pid"
+}
+
+stop_bg() {
+  local pidfile="$RUN_DIR/$1.pid"
+  if [[ -f $pidfile ]]; then
+    local pid; pid=$(cat "$pidfile")
+    if kill -0 "$pid" 2>/dev/null; then
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      kill -9 "$pid" 2>/dev/null || true
+    fi
+    rm -f "$pidfile"
+  fi
+}
