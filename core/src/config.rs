@@ -18,6 +18,133 @@ pub struct Settings {
     pub reservations: ReservationSettings,
     #[serde(default)]
     pub log: LogSettings,
+    /// Flash mode needs all three of these; without them, flash vouchers are refused.
+    #[serde(default)]
+    pub redis: Option<RedisSettings>,
+    #[serde(default)]
+    pub kafka: Option<KafkaSettings>,
+    #[serde(default)]
+    pub flash: FlashSettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSettings {
+    pub url: String,
+    /// Put before every key, so several deployments (or tests) can share one Redis.
+    #[serde(default = "default_key_prefix")]
+    pub key_prefix: String,
+    /// Connect and response timeout of one Redis call.
+    #[serde(default = "default_redis_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSettings {
+    /// `bootstrap.servers`.
+    pub brokers: String,
+    /// Reservation events, keyed by voucher code.
+    #[serde(default = "default_topic")]
+    pub topic: String,
+    /// Where events the database refuses go. Default: `<topic>.dlq`.
+    #[serde(default)]
+    pub dlq_topic: Option<String>,
+    /// Consumer group of the writers into PostgreSQL.
+    #[serde(default = "default_group")]
+    pub group: String,
+    /// Partitions to create the topic with, when it does not exist.
+    #[serde(default = "default_partitions")]
+    pub partitions: i32,
+    /// How long the producer keeps trying one event; past it the send fails as ambiguous.
+    #[serde(default = "default_message_timeout_ms")]
+    pub message_timeout_ms: u64,
+    /// Run the consumer that writes events into PostgreSQL in this instance.
+    #[serde(default = "default_true")]
+    pub consume: bool,
+    /// Events written per database transaction, at most.
+    #[serde(default = "default_batch_max")]
+    pub batch_max: usize,
+    /// How long the consumer waits to fill a batch once it has one event.
+    #[serde(default = "default_batch_wait_ms")]
+    pub batch_wait_ms: u64,
+}
+
+impl KafkaSettings {
+    pub fn dlq_topic(&self) -> String {
+        self.dlq_topic
+            .clone()
+            .unwrap_or_else(|| format!("{}.dlq", self.topic))
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlashSettings {
+    /// How often the reconciliation job compares Redis with PostgreSQL.
+    #[serde(default = "default_reconcile_interval_ms")]
+    pub reconcile_interval_ms: u64,
+    /// A gate record this old without its row is given back (once the consumer has caught
+    /// up). Must exceed `kafka.message_timeout_ms`, after which no late write can land.
+    #[serde(default = "default_reconcile_grace_ms")]
+    pub reconcile_grace_ms: u64,
+    #[serde(default = "default_true")]
+    pub reconcile_enabled: bool,
+    /// Confirm and release wait this long for the consumer to write a fresh reservation.
+    #[serde(default = "default_row_wait_ms")]
+    pub row_wait_ms: u64,
+    /// How long a rebuild waits for the consumer to catch up before trying again.
+    #[serde(default = "default_catch_up_timeout_ms")]
+    pub catch_up_timeout_ms: u64,
+}
+
+impl Default for FlashSettings {
+    fn default() -> Self {
+        Self {
+            reconcile_interval_ms: default_reconcile_interval_ms(),
+            reconcile_grace_ms: default_reconcile_grace_ms(),
+            reconcile_enabled: true,
+            row_wait_ms: default_row_wait_ms(),
+            catch_up_timeout_ms: default_catch_up_timeout_ms(),
+        }
+    }
+}
+
+fn default_key_prefix() -> String {
+    "vg:".into()
+}
+fn default_redis_timeout_ms() -> u64 {
+    1000
+}
+fn default_topic() -> String {
+    "voucher-events".into()
+}
+fn default_group() -> String {
+    "voucher-writer".into()
+}
+fn default_partitions() -> i32 {
+    3
+}
+fn default_message_timeout_ms() -> u64 {
+    5000
+}
+fn default_batch_max() -> usize {
+    500
+}
+fn default_batch_wait_ms() -> u64 {
+    20
+}
+fn default_reconcile_interval_ms() -> u64 {
+    5000
+}
+fn default_reconcile_grace_ms() -> u64 {
+    30_000
+}
+fn default_row_wait_ms() -> u64 {
+    3000
+}
+fn default_catch_up_timeout_ms() -> u64 {
+    10_000
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -137,6 +264,22 @@ impl Settings {
         Self::load_from(&path)
     }
 
+    /// Refuses settings that would break a guarantee rather than a preference.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if let Some(kafka) = &self.kafka {
+            anyhow::ensure!(
+                self.flash.reconcile_grace_ms > kafka.message_timeout_ms,
+                "flash.reconcile_grace_ms must exceed kafka.message_timeout_ms: a record \
+                 younger than that may still have its event written late"
+            );
+        }
+        anyhow::ensure!(
+            self.redis.is_some() == self.kafka.is_some(),
+            "flash mode needs both [redis] and [kafka]; configure both or neither"
+        );
+        Ok(())
+    }
+
     pub fn load_from(path: &str) -> anyhow::Result<Self> {
         let settings = config::Config::builder()
             .add_source(config::File::with_name(path).required(true))
@@ -147,7 +290,8 @@ impl Settings {
                     .try_parsing(true),
             )
             .build()?
-            .try_deserialize()?;
+            .try_deserialize::<Self>()?;
+        settings.validate()?;
         Ok(settings)
     }
 }

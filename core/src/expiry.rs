@@ -1,7 +1,8 @@
 //! The background job that releases reservations left unconfirmed past their TTL.
 //!
 //! Every instance may run it: the store claims rows with `SKIP LOCKED` and releases each
-//! exactly once (see `Store::release_expired`).
+//! exactly once (see `Store::release_expired`); for flash vouchers the gate then gets the
+//! use back.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,10 +11,10 @@ use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
-use crate::store::Store;
+use crate::service::VoucherService;
 
 pub struct ExpiryJob {
-    pub store: Store,
+    pub service: VoucherService,
     pub metrics: Arc<Metrics>,
     pub interval: Duration,
     pub batch: i64,
@@ -35,8 +36,14 @@ impl ExpiryJob {
     /// Releases everything due now, one batch (one transaction) at a time.
     pub async fn run_once(&self) {
         loop {
-            match self.store.release_expired(Utc::now(), self.batch).await {
+            match self
+                .service
+                .store()
+                .release_expired(Utc::now(), self.batch)
+                .await
+            {
                 Ok(released) => {
+                    self.service.after_expiry(&released).await;
                     self.metrics.expiry_runs.with_label_values(&["ok"]).inc();
                     let n = released.len();
                     self.metrics.expired_releases.inc_by(n as u64);

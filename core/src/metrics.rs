@@ -10,7 +10,8 @@ use axum::http::header::CONTENT_TYPE;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::error::ErrorCode;
@@ -31,6 +32,24 @@ pub struct Metrics {
     pub expired_releases: IntCounter,
     /// Expiry job runs by result (ok, error).
     pub expiry_runs: IntCounterVec,
+    /// Time spent in the Redis gate script, per reservation.
+    pub gate_duration: Histogram,
+    /// Time from publish to broker acknowledgement, by result (ok, not_written, ambiguous).
+    pub publish_duration: HistogramVec,
+    /// Events per consumer batch.
+    pub consumer_batch_size: Histogram,
+    /// Events the consumer handled, by result (inserted, duplicate, dead_lettered).
+    pub consumer_events: IntCounterVec,
+    /// PostgreSQL transactions the consumer spent.
+    pub consumer_transactions: IntCounter,
+    /// Events published but not yet committed by the writers' group (sampled by reconciliation).
+    pub consumer_lag: IntGauge,
+    /// Uses Redis holds minus uses PostgreSQL holds, per flash voucher, once the consumer caught up.
+    pub gate_drift: IntGaugeVec,
+    /// Uses reconciliation gave back, by reason (never_recorded, released_in_db).
+    pub reconciled: IntCounterVec,
+    /// Gate rebuilds by result (loaded, already_loaded, not_caught_up, error).
+    pub gate_rebuilds: IntCounterVec,
 }
 
 impl Metrics {
@@ -68,12 +87,86 @@ impl Metrics {
             &["result"],
         )
         .expect("static metric definition is valid");
+        let gate_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "voucher_gate_duration_seconds",
+                "Time in the Redis gate script",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+        )
+        .expect("static metric definition is valid");
+        let publish_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "voucher_publish_duration_seconds",
+                "Time to a Kafka acknowledgement",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["result"],
+        )
+        .expect("static metric definition is valid");
+        let consumer_batch_size = Histogram::with_opts(
+            HistogramOpts::new("voucher_consumer_batch_size", "Events per consumer batch").buckets(
+                vec![1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0],
+            ),
+        )
+        .expect("static metric definition is valid");
+        let consumer_events = IntCounterVec::new(
+            Opts::new(
+                "voucher_consumer_events_total",
+                "Events handled by the consumer",
+            ),
+            &["result"],
+        )
+        .expect("static metric definition is valid");
+        let consumer_transactions = IntCounter::new(
+            "voucher_consumer_transactions_total",
+            "PostgreSQL transactions spent by the consumer",
+        )
+        .expect("static metric definition is valid");
+        let consumer_lag = IntGauge::new(
+            "voucher_consumer_lag_messages",
+            "Events published but not yet committed by the writers' group",
+        )
+        .expect("static metric definition is valid");
+        let gate_drift = IntGaugeVec::new(
+            Opts::new(
+                "voucher_gate_drift",
+                "Uses held in Redis minus uses held in PostgreSQL",
+            ),
+            &["voucher"],
+        )
+        .expect("static metric definition is valid");
+        let reconciled = IntCounterVec::new(
+            Opts::new(
+                "voucher_reconciled_uses_total",
+                "Uses given back by reconciliation",
+            ),
+            &["reason"],
+        )
+        .expect("static metric definition is valid");
+        let gate_rebuilds = IntCounterVec::new(
+            Opts::new(
+                "voucher_gate_rebuilds_total",
+                "Gate rebuild attempts by result",
+            ),
+            &["result"],
+        )
+        .expect("static metric definition is valid");
         for collector in [
             Box::new(http_requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(http_duration.clone()),
             Box::new(reservations.clone()),
             Box::new(expired_releases.clone()),
             Box::new(expiry_runs.clone()),
+            Box::new(gate_duration.clone()),
+            Box::new(publish_duration.clone()),
+            Box::new(consumer_batch_size.clone()),
+            Box::new(consumer_events.clone()),
+            Box::new(consumer_transactions.clone()),
+            Box::new(consumer_lag.clone()),
+            Box::new(gate_drift.clone()),
+            Box::new(reconciled.clone()),
+            Box::new(gate_rebuilds.clone()),
         ] {
             registry
                 .register(collector)
@@ -86,6 +179,15 @@ impl Metrics {
             reservations,
             expired_releases,
             expiry_runs,
+            gate_duration,
+            publish_duration,
+            consumer_batch_size,
+            consumer_events,
+            consumer_transactions,
+            consumer_lag,
+            gate_drift,
+            reconciled,
+            gate_rebuilds,
         }
     }
 

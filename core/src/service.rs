@@ -1,7 +1,7 @@
 //! The voucher use cases, and the seam where a reservation is decided per voucher mode.
 //!
 //! Handlers call this with parsed domain values; this picks the path (standard: one
-//! PostgreSQL transaction; flash: the Redis gate, in its own issue) and counts outcomes.
+//! PostgreSQL transaction; flash: the Redis gate, see `flash`) and counts outcomes.
 
 use std::sync::Arc;
 
@@ -12,6 +12,7 @@ use crate::domain::{
     NewVoucher, OrderId, Reservation, ReservationRequest, Voucher, VoucherCode, VoucherMode,
     VoucherStats,
 };
+use crate::flash::FlashPath;
 use crate::metrics::Metrics;
 use crate::store::{ReserveOutcome, Store};
 use crate::{Error, Result};
@@ -22,16 +23,32 @@ pub struct VoucherService {
     catalog: Catalog,
     metrics: Arc<Metrics>,
     reservation_ttl: chrono::Duration,
+    /// Present when Redis and Kafka are configured; without it flash vouchers are refused.
+    flash: Option<FlashPath>,
 }
 
 impl VoucherService {
-    pub fn new(store: Store, metrics: Arc<Metrics>, reservation_ttl: chrono::Duration) -> Self {
+    pub fn new(
+        store: Store,
+        metrics: Arc<Metrics>,
+        reservation_ttl: chrono::Duration,
+        flash: Option<FlashPath>,
+    ) -> Self {
         Self {
             catalog: Catalog::new(store.clone()),
             store,
             metrics,
             reservation_ttl,
+            flash,
         }
+    }
+
+    pub fn flash(&self) -> Option<&FlashPath> {
+        self.flash.as_ref()
+    }
+
+    fn flash_path(&self) -> Result<&FlashPath> {
+        self.flash.as_ref().ok_or(Error::ModeUnavailable("flash"))
     }
 
     pub fn store(&self) -> &Store {
@@ -39,18 +56,46 @@ impl VoucherService {
     }
 
     pub async fn create(&self, new: NewVoucher) -> Result<Voucher> {
-        if new.mode == VoucherMode::Flash {
-            // Refused rather than silently served by the standard path: an operator who
-            // asks for flash mode expects the Redis gate in front of PostgreSQL.
-            return Err(Error::ModeUnavailable("flash"));
-        }
+        // Refused rather than silently served by the standard path: an operator who asks
+        // for flash mode expects the Redis gate in front of PostgreSQL.
+        let flash = match new.mode {
+            VoucherMode::Flash => Some(self.flash_path()?),
+            VoucherMode::Standard => None,
+        };
         let voucher = self.store.create_voucher(&new).await?;
         self.catalog.remember(voucher.clone());
+        if let Some(flash) = flash {
+            // If Redis is down now, the first reservation finds the gate unloaded and
+            // rebuilds it; nothing is lost by not failing the creation.
+            if let Err(e) = flash.warm_up(&voucher).await {
+                tracing::warn!(error = %e, code = %voucher.code, "gate not warmed up; it will be rebuilt on demand");
+            }
+        }
         Ok(voucher)
     }
 
     pub async fn get(&self, code: &VoucherCode) -> Result<(Voucher, VoucherStats)> {
-        self.store.voucher_with_stats(code).await
+        let (voucher, mut stats) = self.store.voucher_with_stats(code).await?;
+        if let (VoucherMode::Flash, Some(flash)) = (voucher.mode, &self.flash) {
+            stats.gate_remaining = flash.gate().remaining(code).await.ok().flatten();
+        }
+        Ok((voucher, stats))
+    }
+
+    /// Operator command: drop the voucher's gate and rebuild it from PostgreSQL once that
+    /// is safe. Reservations for it get 503 until then.
+    pub async fn reload_gate(&self, code: &VoucherCode) -> Result<()> {
+        let voucher = self.catalog.get(code).await?;
+        if voucher.mode != VoucherMode::Flash {
+            return Err(Error::InvalidRequest(crate::domain::FieldError::new(
+                "code",
+                "only flash vouchers have a gate",
+            )));
+        }
+        let flash = self.flash_path()?;
+        flash.gate().unload(code).await?;
+        flash.trigger_rebuild(voucher);
+        Ok(())
     }
 
     pub async fn reserve(&self, request: &ReservationRequest) -> Result<ReserveOutcome> {
@@ -61,7 +106,11 @@ impl VoucherService {
                     .reserve_standard(&voucher, request, Utc::now(), self.reservation_ttl)
                     .await
             }
-            VoucherMode::Flash => Err(Error::ModeUnavailable("flash")),
+            VoucherMode::Flash => {
+                self.flash_path()?
+                    .reserve(&voucher, request, self.reservation_ttl)
+                    .await
+            }
         };
         let outcome = match &result {
             Ok(ReserveOutcome::Reserved(_)) => "reserved",
@@ -76,10 +125,37 @@ impl VoucherService {
     }
 
     pub async fn confirm(&self, code: &VoucherCode, order_id: &OrderId) -> Result<Reservation> {
-        self.store.confirm(code, order_id, Utc::now()).await
+        match self.mode_of(code).await? {
+            VoucherMode::Standard => self.store.confirm(code, order_id, Utc::now()).await,
+            VoucherMode::Flash => self.flash_path()?.confirm(code, order_id).await,
+        }
     }
 
     pub async fn release(&self, code: &VoucherCode, order_id: &OrderId) -> Result<Reservation> {
-        self.store.release(code, order_id, Utc::now()).await
+        match self.mode_of(code).await? {
+            VoucherMode::Standard => self.store.release(code, order_id, Utc::now()).await,
+            VoucherMode::Flash => self.flash_path()?.release(code, order_id).await,
+        }
+    }
+
+    /// Gives the gate its uses back after the expiry job released them in PostgreSQL.
+    pub async fn after_expiry(&self, released: &[crate::store::ExpiredReservation]) {
+        let Some(flash) = &self.flash else { return };
+        for r in released {
+            if let Ok(voucher) = self.catalog.get(&r.voucher_code).await {
+                if voucher.mode == VoucherMode::Flash {
+                    flash.give_back_released(&r.voucher_code, &r.order_id).await;
+                }
+            }
+        }
+    }
+
+    /// The mode of the voucher an order is on; an unknown voucher has no reservation.
+    async fn mode_of(&self, code: &VoucherCode) -> Result<VoucherMode> {
+        match self.catalog.get(code).await {
+            Ok(voucher) => Ok(voucher.mode),
+            Err(Error::VoucherNotFound) => Err(Error::ReservationNotFound),
+            Err(e) => Err(e),
+        }
     }
 }

@@ -9,9 +9,14 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
+use crate::events::consumer::EventConsumer;
+use crate::events::topics::ensure_topics;
 use crate::expiry::ExpiryJob;
+use crate::flash::FlashPath;
+use crate::gate::Gate;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
+use crate::reconcile::Reconciler;
 use crate::service::VoucherService;
 use crate::store::Store;
 
@@ -21,6 +26,8 @@ pub struct Application {
     router: axum::Router,
     metrics_router: axum::Router,
     expiry: Option<ExpiryJob>,
+    consumer: Option<EventConsumer>,
+    reconciler: Option<Reconciler>,
     store: Store,
 }
 
@@ -32,15 +39,57 @@ impl Application {
             store.migrate().await.context("applying migrations")?;
         }
         let metrics = Arc::new(Metrics::new());
-        let service =
-            VoucherService::new(store.clone(), metrics.clone(), settings.reservations.ttl());
+        let (flash, consumer, reconciler) = match (&settings.redis, &settings.kafka) {
+            (Some(redis), Some(kafka)) => {
+                ensure_topics(kafka)
+                    .await
+                    .context("creating Kafka topics")?;
+                let timeout = std::time::Duration::from_millis(redis.timeout_ms);
+                let gate = Gate::connect(&redis.url, &redis.key_prefix, timeout)
+                    .await
+                    .context("connecting to Redis")?;
+                let flash = FlashPath::new(
+                    gate,
+                    kafka,
+                    store.clone(),
+                    metrics.clone(),
+                    settings.flash.clone(),
+                )?;
+                let consumer = if kafka.consume {
+                    Some(EventConsumer::new(kafka, store.clone(), metrics.clone())?)
+                } else {
+                    None
+                };
+                let reconciler = settings.flash.reconcile_enabled.then(|| Reconciler {
+                    flash: flash.clone(),
+                    store: store.clone(),
+                    metrics: metrics.clone(),
+                    interval: std::time::Duration::from_millis(
+                        settings.flash.reconcile_interval_ms,
+                    ),
+                    grace: chrono::Duration::milliseconds(settings.flash.reconcile_grace_ms as i64),
+                    catch_up_timeout: std::time::Duration::from_millis(
+                        settings.flash.catch_up_timeout_ms,
+                    ),
+                });
+                (Some(flash), consumer, reconciler)
+            }
+            _ => (None, None, None),
+        };
+        let service = VoucherService::new(
+            store.clone(),
+            metrics.clone(),
+            settings.reservations.ttl(),
+            flash,
+        );
         let state = AppState {
             service,
             admin_token: settings.admin.token.as_str().into(),
         };
+        let service = state.service.clone();
         let (router, _doc) = http::api_router(state, metrics.clone(), settings.http.max_body_bytes);
         let expiry = settings.reservations.expiry_enabled.then(|| ExpiryJob {
-            store: store.clone(),
+            service,
             metrics: metrics.clone(),
             interval: settings.reservations.expiry_interval(),
             batch: settings.reservations.expiry_batch,
@@ -57,6 +106,8 @@ impl Application {
             router,
             metrics_router: http::metrics_router(metrics),
             expiry,
+            consumer,
+            reconciler,
             store,
         })
     }
@@ -79,9 +130,17 @@ impl Application {
 
     /// Serves until `shutdown` is cancelled, then lets requests in flight finish.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let expiry = self
-            .expiry
-            .map(|job| tokio::spawn(job.run(shutdown.child_token())));
+        let background: Vec<_> = [
+            self.expiry
+                .map(|job| tokio::spawn(job.run(shutdown.child_token()))),
+            self.consumer
+                .map(|c| tokio::spawn(c.run(shutdown.child_token()))),
+            self.reconciler
+                .map(|r| tokio::spawn(r.run(shutdown.child_token()))),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         let metrics = tokio::spawn(
             axum::serve(self.metrics_listener, self.metrics_router)
                 .with_graceful_shutdown(shutdown.clone().cancelled_owned())
@@ -92,8 +151,8 @@ impl Application {
             .with_graceful_shutdown(shutdown.clone().cancelled_owned())
             .await?;
         shutdown.cancel();
-        if let Some(expiry) = expiry {
-            let _ = expiry.await;
+        for task in background {
+            let _ = task.await;
         }
         metrics.await??;
         self.store.pool().close().await;

@@ -94,7 +94,10 @@ mod tests {
 
     #[test]
     fn refuses_empty_long_and_odd_characters() {
-        assert_eq!(VoucherCode::parse("").expect_err("must be refused").field, "code");
+        assert_eq!(
+            VoucherCode::parse("").expect_err("must be refused").field,
+            "code"
+        );
         assert!(VoucherCode::parse("A".repeat(33)).is_err());
         assert!(VoucherCode::parse("A".repeat(32)).is_ok());
         assert!(VoucherCode::parse("with space").is_err());

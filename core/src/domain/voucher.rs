@@ -156,6 +156,8 @@ pub struct VoucherStats {
     pub used_count: i32,
     pub reserved: i64,
     pub confirmed: i64,
+    /// Flash vouchers: uses left according to the Redis gate (`None` when not loaded).
+    pub gate_remaining: Option<i64>,
 }
 
 #[cfg(test)]
@@ -222,7 +224,13 @@ mod tests {
             )
         };
         assert!(make(10, 10).is_ok());
-        assert_eq!(make(10, 11).map(|_| ()).expect_err("must be refused").field, "perUserLimit");
-        assert_eq!(make(0, 1).map(|_| ()).expect_err("must be refused").field, "totalLimit");
+        assert_eq!(
+            make(10, 11).map(|_| ()).expect_err("must be refused").field,
+            "perUserLimit"
+        );
+        assert_eq!(
+            make(0, 1).map(|_| ()).expect_err("must be refused").field,
+            "totalLimit"
+        );
     }
 }

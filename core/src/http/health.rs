@@ -14,7 +14,7 @@ pub async fn healthz() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
-/// The service can serve reservations: its database answers.
+/// The service can serve reservations: its database (and Redis, with flash mode) answers.
 #[utoipa::path(get, path = "/readyz", tag = "health",
     responses(
         (status = 200, description = "Ready"),
@@ -22,5 +22,8 @@ pub async fn healthz() -> Json<Value> {
     ))]
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>> {
     state.service.store().ping().await?;
+    if let Some(flash) = state.service.flash() {
+        flash.gate().ping().await?;
+    }
     Ok(Json(json!({ "status": "ready" })))
 }

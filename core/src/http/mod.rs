@@ -86,6 +86,7 @@ pub fn api_router(
     let (router, doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(vouchers::create_voucher))
         .routes(routes!(vouchers::get_voucher))
+        .routes(routes!(vouchers::reload_gate))
         .routes(routes!(reservations::reserve))
         .routes(routes!(reservations::confirm))
         .routes(routes!(reservations::release))

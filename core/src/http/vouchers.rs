@@ -80,6 +80,9 @@ pub struct VoucherView {
     remaining: i32,
     reserved: i64,
     confirmed: i64,
+    /// Flash vouchers: uses left at the Redis gate (absent when the gate is not loaded).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gate_remaining: Option<i64>,
 }
 
 impl VoucherView {
@@ -98,6 +101,7 @@ impl VoucherView {
             used_count: stats.used_count,
             reserved: stats.reserved,
             confirmed: stats.confirmed,
+            gate_remaining: stats.gate_remaining,
         }
     }
 }
@@ -129,6 +133,7 @@ pub async fn create_voucher(
         used_count: 0,
         reserved: 0,
         confirmed: 0,
+        gate_remaining: None,
     };
     Ok((StatusCode::CREATED, Json(VoucherView::new(voucher, stats))))
 }
@@ -152,4 +157,33 @@ pub async fn get_voucher(
     let code = VoucherCode::parse(code)?;
     let (voucher, stats) = state.service.get(&code).await?;
     Ok(Json(VoucherView::new(voucher, stats)))
+}
+
+/// Rebuild a flash voucher's gate from PostgreSQL (admin).
+#[utoipa::path(
+    post, path = "/vouchers/{code}/gate/reload", tag = "vouchers",
+    params(("code" = String, Path, description = "Voucher code")),
+    security(("admin" = [])),
+    responses(
+        (status = 202, description = "The gate was dropped; it is rebuilt once PostgreSQL holds every \
+            published event. Reservations get 503 until then."),
+        (status = 400, description = "INVALID_REQUEST: not a flash voucher", body = ErrorBody),
+        (status = 401, description = "UNAUTHORIZED", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN", body = ErrorBody),
+        (status = 404, description = "VOUCHER_NOT_FOUND", body = ErrorBody),
+        (status = 503, description = "SERVICE_UNAVAILABLE, with Retry-After", body = ErrorBody),
+    )
+)]
+#[tracing::instrument(name = "reload_gate", skip_all, fields(code = %code))]
+pub async fn reload_gate(
+    State(state): State<AppState>,
+    _admin: Admin,
+    ApiPath(code): ApiPath<String>,
+) -> Result<(StatusCode, Json<serde_json::Value>)> {
+    let code = VoucherCode::parse(code)?;
+    state.service.reload_gate(&code).await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(serde_json::json!({ "code": code.as_str(), "status": "REBUILDING" })),
+    ))
 }

@@ -8,7 +8,9 @@
 //! `customer_usage` rows (sorted), then the `vouchers` rows (sorted). Every transaction
 //! that changes counts takes its locks in that order.
 
+mod events;
 mod expiry;
+mod flash;
 mod reservations;
 mod vouchers;
 
@@ -17,6 +19,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
+pub use events::BatchResult;
 pub use expiry::ExpiredReservation;
 pub use reservations::ReserveOutcome;
 

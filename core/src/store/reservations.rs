@@ -10,7 +10,7 @@ use crate::{Error, Result};
 
 /// A `redemptions` row as stored.
 #[derive(Debug, FromRow)]
-pub(super) struct RedemptionRow {
+pub(crate) struct RedemptionRow {
     pub order_id: String,
     pub voucher_code: String,
     pub customer_id: String,
@@ -21,7 +21,7 @@ pub(super) struct RedemptionRow {
     pub expires_at: DateTime<Utc>,
 }
 
-pub(super) const REDEMPTION_COLUMNS: &str = "order_id, voucher_code, customer_id, order_amount, \
+pub(crate) const REDEMPTION_COLUMNS: &str = "order_id, voucher_code, customer_id, order_amount, \
      discount_amount, status, reserved_at, expires_at";
 
 impl TryFrom<RedemptionRow> for Reservation {
@@ -131,11 +131,11 @@ impl Store {
             tx.rollback().await?;
             return self.answer_existing(request).await;
         };
-        if !take_customer_use(&mut tx, voucher, &request.customer_id).await? {
+        if !take_customer_use(&mut tx, voucher.code.as_str(), request.customer_id.as_str()).await? {
             tx.rollback().await?;
             return Err(Error::AlreadyUsed);
         }
-        if !take_voucher_use(&mut tx, &voucher.code).await? {
+        if !take_voucher_use(&mut tx, voucher.code.as_str()).await? {
             tx.rollback().await?;
             return Err(Error::OutOfStock);
         }
@@ -265,21 +265,20 @@ async fn insert_redemption(
 
 /// Takes one of the customer's uses if it has one left. The upsert locks the customer's
 /// row, so two orders of one customer are serialised and the second sees the first.
-async fn take_customer_use(
+pub(super) async fn take_customer_use(
     conn: &mut PgConnection,
-    voucher: &Voucher,
-    customer: &CustomerId,
+    code: &str,
+    customer: &str,
 ) -> Result<bool> {
     let taken = sqlx::query(
         "INSERT INTO customer_usage AS u (voucher_code, customer_id, active_count, per_user_limit)
-         VALUES ($1, $2, 1, $3)
+         SELECT v.code, $2, 1, v.per_user_limit FROM vouchers v WHERE v.code = $1
          ON CONFLICT (voucher_code, customer_id)
          DO UPDATE SET active_count = u.active_count + 1
          WHERE u.active_count < u.per_user_limit",
     )
-    .bind(voucher.code.as_str())
-    .bind(customer.as_str())
-    .bind(voucher.per_user_limit)
+    .bind(code)
+    .bind(customer)
     .execute(conn)
     .await?
     .rows_affected();
@@ -287,12 +286,12 @@ async fn take_customer_use(
 }
 
 /// The gate of standard mode: takes one use if one is left.
-async fn take_voucher_use(conn: &mut PgConnection, code: &VoucherCode) -> Result<bool> {
+pub(super) async fn take_voucher_use(conn: &mut PgConnection, code: &str) -> Result<bool> {
     let taken = sqlx::query(
         "UPDATE vouchers SET used_count = used_count + 1
          WHERE code = $1 AND used_count < total_limit",
     )
-    .bind(code.as_str())
+    .bind(code)
     .execute(conn)
     .await?
     .rows_affected();

@@ -105,6 +105,7 @@ impl Store {
             used_count: row.used_count,
             reserved: row.reserved,
             confirmed: row.confirmed,
+            gate_remaining: None,
         };
         Ok((row.voucher.try_into()?, stats))
     }

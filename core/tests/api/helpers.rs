@@ -80,6 +80,9 @@ pub fn settings_for(db_url: &str) -> Settings {
             expiry_enabled: false,
         },
         log: LogSettings::default(),
+        redis: None,
+        kafka: None,
+        flash: Default::default(),
     }
 }
 

@@ -142,6 +142,7 @@ async fn the_openapi_document_describes_exactly_the_served_routes() {
     let expected: BTreeSet<String> = [
         "POST /vouchers",
         "GET /vouchers/{code}",
+        "POST /vouchers/{code}/gate/reload",
         "POST /vouchers/{code}/reservations",
         "POST /vouchers/{code}/reservations/{orderId}/confirm",
         "DELETE /vouchers/{code}/reservations/{orderId}",

@@ -1,0 +1,95 @@
+//! The producer of reservation events.
+
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
+use super::ReservedEvent;
+use crate::config::KafkaSettings;
+
+/// Why an event was not acknowledged.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// The event was certainly not written: the use may be given back.
+    #[error("event not written: {0}")]
+    NotWritten(KafkaError),
+    /// The event may or may not have been written (a timeout, a lost connection): the use
+    /// must stay held until reconciliation knows.
+    #[error("event may have been written: {0}")]
+    Ambiguous(KafkaError),
+}
+
+#[derive(Clone)]
+pub struct Publisher {
+    producer: FutureProducer,
+    topic: String,
+}
+
+impl Publisher {
+    pub fn new(settings: &KafkaSettings) -> anyhow::Result<Self> {
+        let producer: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", &settings.brokers)
+            .set("acks", "all")
+            // No duplicates from the producer's own retries, and order kept per partition.
+            .set("enable.idempotence", "true")
+            .set(
+                "message.timeout.ms",
+                settings.message_timeout_ms.to_string(),
+            )
+            // A flash sale wants latency more than big batches.
+            .set("linger.ms", "2")
+            .create()?;
+        Ok(Self {
+            producer,
+            topic: settings.topic.clone(),
+        })
+    }
+
+    /// Publishes and waits for the broker's acknowledgement (acks=all).
+    #[tracing::instrument(name = "kafka.publish", skip_all, fields(order_id = %event.order_id))]
+    pub async fn publish(&self, event: &ReservedEvent) -> Result<(), PublishError> {
+        let payload = match serde_json::to_vec(&super::VoucherEvent::Reserved(event.clone())) {
+            Ok(payload) => payload,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot encode event");
+                let invalid = KafkaError::MessageProduction(RDKafkaErrorCode::InvalidMessage);
+                return Err(PublishError::NotWritten(invalid));
+            }
+        };
+        let record = FutureRecord::to(&self.topic)
+            .key(event.voucher_code.as_str())
+            .payload(&payload);
+        // Zero queue timeout: a full local queue fails now (certainly not written) instead
+        // of making the request wait.
+        match self.producer.send(record, Duration::ZERO).await {
+            Ok(_) => Ok(()),
+            Err((e, _)) => Err(classify(e)),
+        }
+    }
+}
+
+/// Errors after which the broker certainly does not have the message. Anything else
+/// (timeouts above all) is treated as ambiguous: assuming "not written" when it was would
+/// give a use back that the consumer later records, which is an oversell.
+fn classify(e: KafkaError) -> PublishError {
+    let certain = matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::QueueFull
+                | RDKafkaErrorCode::MessageSizeTooLarge
+                | RDKafkaErrorCode::InvalidMessageSize
+                | RDKafkaErrorCode::InvalidMessage
+                | RDKafkaErrorCode::UnknownTopic
+                | RDKafkaErrorCode::UnknownTopicOrPartition
+                | RDKafkaErrorCode::TopicAuthorizationFailed
+                | RDKafkaErrorCode::InvalidRecord
+        )
+    );
+    if certain {
+        PublishError::NotWritten(e)
+    } else {
+        PublishError::Ambiguous(e)
+    }
+}

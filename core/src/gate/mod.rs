@@ -1,0 +1,409 @@
+//! The flash-mode gate: one atomic Lua script in Redis decides each reservation.
+//!
+//! The scripts live in `lua/` (see its README for the keys). They are loaded once and run
+//! by SHA; `redis::Script` falls back to sending the source when Redis answers NOSCRIPT
+//! (after a restart or SCRIPT FLUSH). Outcomes come back as the typed enums below.
+
+mod record;
+
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::{Script, Value};
+
+pub use record::{OrderRecord, RecordState};
+
+use crate::domain::{OrderId, ReservationRequest, Voucher, VoucherCode};
+use crate::{Error, Result};
+
+/// What the reserve script decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GateDecision {
+    /// The gate holds nothing for this voucher: rebuild it before deciding.
+    NotLoaded,
+    /// This orderId already has a record: answer from it.
+    Exists(OrderRecord),
+    /// A use was taken; its record is Pending until the event is acknowledged.
+    Reserved(OrderRecord),
+    Refused(Refusal),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    NotStarted,
+    Expired,
+    BelowMinOrder,
+    OutOfStock,
+    AlreadyUsed,
+}
+
+/// What the release script did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    Released,
+    /// The record exists but held nothing (already released).
+    Already,
+    Absent,
+    /// Not forgotten: the record changed state, or a publish of its event may still land.
+    Busy,
+    NotLoaded,
+}
+
+/// How a use is given back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GiveBack {
+    /// The order was released in PostgreSQL: keep the record as released, so a retry of
+    /// the order is answered, not re-run.
+    Release,
+    /// The order's event was never recorded: drop the record, if it is still in one of
+    /// `states` and its latest publish started at or before `published_by_ms`.
+    Forget {
+        states: Vec<RecordState>,
+        published_by_ms: i64,
+    },
+}
+
+/// The state a gate is loaded with.
+#[derive(Debug, Clone, Default)]
+pub struct GateLoad {
+    pub remaining: i64,
+    pub users: Vec<(String, i64)>,
+    pub orders: Vec<(String, OrderRecord)>,
+}
+
+/// A consistent read of a loaded gate.
+#[derive(Debug, Clone)]
+pub struct GateSnapshot {
+    pub remaining: i64,
+    pub orders: Vec<(String, OrderRecord)>,
+}
+
+/// How long an orderId stays claimed by its voucher: far longer than any sale.
+const ORDER_CLAIM_TTL_SECS: u64 = 30 * 24 * 3600;
+
+struct Scripts {
+    reserve: Script,
+    mark: Script,
+    release: Script,
+    load: Script,
+    snapshot: Script,
+}
+
+#[derive(Clone)]
+pub struct Gate {
+    conn: ConnectionManager,
+    /// Put before every key, so several deployments (or tests) can share one Redis.
+    prefix: String,
+    scripts: std::sync::Arc<Scripts>,
+}
+
+/// The keys of one voucher, all under the hash tag `{CODE}`.
+struct Keys {
+    meta: String,
+    remaining: String,
+    users: String,
+    orders: String,
+}
+
+fn redis_down(e: redis::RedisError) -> Error {
+    tracing::warn!(error = %e, "redis call failed");
+    Error::Unavailable("redis")
+}
+
+fn ms(t: chrono::DateTime<chrono::Utc>) -> i64 {
+    t.timestamp_millis()
+}
+
+impl Gate {
+    pub async fn connect(url: &str, prefix: &str, timeout: Duration) -> anyhow::Result<Self> {
+        let client = redis::Client::open(url)?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(timeout)
+            .set_response_timeout(timeout)
+            .set_number_of_retries(1);
+        let conn = ConnectionManager::new_with_config(client, config).await?;
+        let scripts = Scripts {
+            reserve: Script::new(include_str!("../../../lua/reserve.lua")),
+            mark: Script::new(include_str!("../../../lua/mark.lua")),
+            release: Script::new(include_str!("../../../lua/release.lua")),
+            load: Script::new(include_str!("../../../lua/load.lua")),
+            snapshot: Script::new(include_str!("../../../lua/snapshot.lua")),
+        };
+        let gate = Self {
+            conn,
+            prefix: prefix.to_owned(),
+            scripts: std::sync::Arc::new(scripts),
+        };
+        gate.load_scripts().await?;
+        Ok(gate)
+    }
+
+    /// SCRIPT LOAD once at start-up, so the hot path sends only the SHA.
+    async fn load_scripts(&self) -> anyhow::Result<()> {
+        let mut conn = self.conn.clone();
+        for script in [
+            &self.scripts.reserve,
+            &self.scripts.mark,
+            &self.scripts.release,
+            &self.scripts.load,
+            &self.scripts.snapshot,
+        ] {
+            script.prepare_invoke().load_async(&mut conn).await?;
+        }
+        Ok(())
+    }
+
+    fn keys(&self, code: &VoucherCode) -> Keys {
+        let base = format!("{}{{{}}}", self.prefix, code.as_str());
+        Keys {
+            meta: format!("{base}:meta"),
+            remaining: format!("{base}:remaining"),
+            users: format!("{base}:users"),
+            orders: format!("{base}:orders"),
+        }
+    }
+
+    #[tracing::instrument(name = "gate.reserve", skip_all, fields(code = %request.voucher_code))]
+    pub async fn reserve(
+        &self,
+        request: &ReservationRequest,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<GateDecision> {
+        let k = self.keys(&request.voucher_code);
+        let reply: Vec<String> = self
+            .scripts
+            .reserve
+            .key(&k.meta)
+            .key(&k.remaining)
+            .key(&k.users)
+            .key(&k.orders)
+            .arg(request.order_id.as_str())
+            .arg(request.customer_id.as_str())
+            .arg(request.order_amount.minor_units())
+            .arg(now_ms)
+            .arg(ttl_ms)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_down)?;
+        let outcome = reply.first().map(String::as_str).unwrap_or("");
+        let record = || {
+            reply
+                .get(1)
+                .ok_or_else(|| Error::Internal("gate reply without record".into()))
+                .and_then(|r| OrderRecord::parse(r))
+        };
+        Ok(match outcome {
+            "NOT_LOADED" => GateDecision::NotLoaded,
+            "EXISTS" => GateDecision::Exists(record()?),
+            "RESERVED" => GateDecision::Reserved(record()?),
+            "NOT_STARTED" => GateDecision::Refused(Refusal::NotStarted),
+            "EXPIRED" => GateDecision::Refused(Refusal::Expired),
+            "BELOW_MIN_ORDER" => GateDecision::Refused(Refusal::BelowMinOrder),
+            "OUT_OF_STOCK" => GateDecision::Refused(Refusal::OutOfStock),
+            "ALREADY_USED" => GateDecision::Refused(Refusal::AlreadyUsed),
+            other => return Err(Error::Internal(format!("unknown gate outcome {other:?}"))),
+        })
+    }
+
+    /// Moves an order's record from one of `from` to `to`; returns the state it ends in.
+    /// `publish_ms`, when given, becomes the record's latest publish start.
+    /// Returns the state the record ends in, `None` when there is no record.
+    #[tracing::instrument(name = "gate.mark", skip(self))]
+    pub async fn mark(
+        &self,
+        code: &VoucherCode,
+        order_id: &OrderId,
+        from: &[RecordState],
+        to: RecordState,
+        publish_ms: Option<i64>,
+    ) -> Result<Option<RecordState>> {
+        let k = self.keys(code);
+        let from: String = from.iter().map(|s| s.letter()).collect();
+        let mut invocation = self.scripts.mark.prepare_invoke();
+        invocation
+            .key(&k.orders)
+            .arg(order_id.as_str())
+            .arg(from)
+            .arg(to.letter().to_string());
+        if let Some(at) = publish_ms {
+            invocation.arg(at);
+        }
+        let state: Option<String> = invocation
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_down)?;
+        Ok(state
+            .and_then(|s| s.chars().next())
+            .and_then(RecordState::from_letter))
+    }
+
+    /// The record of one order, if the gate has one.
+    pub async fn record(
+        &self,
+        code: &VoucherCode,
+        order_id: &OrderId,
+    ) -> Result<Option<OrderRecord>> {
+        let k = self.keys(code);
+        let raw: Option<String> = redis::cmd("HGET")
+            .arg(&k.orders)
+            .arg(order_id.as_str())
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_down)?;
+        raw.map(|r| OrderRecord::parse(&r)).transpose()
+    }
+
+    #[tracing::instrument(name = "gate.release", skip(self))]
+    pub async fn release(
+        &self,
+        code: &VoucherCode,
+        order_id: &OrderId,
+        how: GiveBack,
+    ) -> Result<ReleaseOutcome> {
+        let k = self.keys(code);
+        let mut invocation = self.scripts.release.prepare_invoke();
+        invocation
+            .key(&k.meta)
+            .key(&k.remaining)
+            .key(&k.users)
+            .key(&k.orders)
+            .arg(order_id.as_str());
+        match &how {
+            GiveBack::Release => {
+                invocation.arg("release");
+            }
+            GiveBack::Forget {
+                states,
+                published_by_ms,
+            } => {
+                let states: String = states.iter().map(|s| s.letter()).collect();
+                invocation.arg("forget").arg(states).arg(*published_by_ms);
+            }
+        }
+        let outcome: String = invocation
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_down)?;
+        Ok(match outcome.as_str() {
+            "RELEASED" => ReleaseOutcome::Released,
+            "ALREADY" => ReleaseOutcome::Already,
+            "ABSENT" => ReleaseOutcome::Absent,
+            "BUSY" => ReleaseOutcome::Busy,
+            "NOT_LOADED" => ReleaseOutcome::NotLoaded,
+            other => {
+                return Err(Error::Internal(format!(
+                    "unknown release outcome {other:?}"
+                )))
+            }
+        })
+    }
+
+    /// Loads the gate unless it is loaded; `true` when this call loaded it.
+    #[tracing::instrument(name = "gate.load", skip_all, fields(code = %voucher.code))]
+    pub async fn load(&self, voucher: &Voucher, state: &GateLoad) -> Result<bool> {
+        let k = self.keys(&voucher.code);
+        let mut invocation = self.scripts.load.prepare_invoke();
+        invocation
+            .key(&k.meta)
+            .key(&k.remaining)
+            .key(&k.users)
+            .key(&k.orders)
+            .arg(voucher.total_limit)
+            .arg(voucher.per_user_limit)
+            .arg(ms(voucher.starts_at))
+            .arg(ms(voucher.ends_at))
+            .arg(voucher.min_order_amount.minor_units())
+            .arg(voucher.discount_amount.minor_units())
+            .arg(state.remaining)
+            .arg(state.users.len());
+        for (customer, held) in &state.users {
+            invocation.arg(customer).arg(*held);
+        }
+        for (order, record) in &state.orders {
+            invocation.arg(order).arg(record.format());
+        }
+        let loaded: i64 = invocation
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_down)?;
+        Ok(loaded == 1)
+    }
+
+    /// Remaining uses and every order record, read atomically; `None` when not loaded.
+    pub async fn snapshot(&self, code: &VoucherCode) -> Result<Option<GateSnapshot>> {
+        let k = self.keys(code);
+        let reply: Value = self
+            .scripts
+            .snapshot
+            .key(&k.meta)
+            .key(&k.remaining)
+            .key(&k.orders)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_down)?;
+        let items: Vec<String> = match reply {
+            Value::Nil => return Ok(None),
+            other => redis::from_redis_value(&other).map_err(redis_down)?,
+        };
+        let mut items = items.into_iter();
+        let remaining = items
+            .next()
+            .and_then(|r| r.parse().ok())
+            .ok_or_else(|| Error::Internal("gate snapshot without remaining".into()))?;
+        let mut orders = Vec::new();
+        while let (Some(order), Some(record)) = (items.next(), items.next()) {
+            orders.push((order, OrderRecord::parse(&record)?));
+        }
+        Ok(Some(GateSnapshot { remaining, orders }))
+    }
+
+    /// Remaining uses, or `None` when the gate is not loaded.
+    pub async fn remaining(&self, code: &VoucherCode) -> Result<Option<i64>> {
+        Ok(self.snapshot(code).await?.map(|s| s.remaining))
+    }
+
+    /// Claims `order_id` for `code` across all vouchers; `false` when another voucher holds it.
+    pub async fn claim_order(&self, order_id: &OrderId, code: &VoucherCode) -> Result<bool> {
+        // Its own slot: deliberately outside any voucher's hash tag.
+        let key = format!("{}order-owner:{}", self.prefix, order_id.as_str());
+        let set: Option<String> = redis::cmd("SET")
+            .arg(&key)
+            .arg(code.as_str())
+            .arg("NX")
+            .arg("EX")
+            .arg(ORDER_CLAIM_TTL_SECS)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_down)?;
+        if set.is_some() {
+            return Ok(true);
+        }
+        let owner: Option<String> = redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_down)?;
+        Ok(owner.as_deref() == Some(code.as_str()))
+    }
+
+    /// Drops every key of a voucher's gate (operator reload; tests simulating data loss).
+    pub async fn unload(&self, code: &VoucherCode) -> Result<()> {
+        let k = self.keys(code);
+        redis::cmd("DEL")
+            .arg(&k.meta)
+            .arg(&k.remaining)
+            .arg(&k.users)
+            .arg(&k.orders)
+            .query_async::<()>(&mut self.conn.clone())
+            .await
+            .map_err(redis_down)
+    }
+
+    pub async fn ping(&self) -> Result<()> {
+        redis::cmd("PING")
+            .query_async::<()>(&mut self.conn.clone())
+            .await
+            .map_err(redis_down)
+    }
+}

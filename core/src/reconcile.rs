@@ -1,0 +1,155 @@
+//! Reconciliation of flash vouchers: compares the Redis gate with PostgreSQL, exports the
+//! drift, and gives back uses the gate holds for orders that never reached the database.
+//!
+//! Each round: read every gate (one atomic snapshot per voucher), *then* wait until the
+//! consumer group has committed everything published so far. After that, an order in a
+//! snapshot without its row will never get one, provided its latest publish started more
+//! than `reconcile_grace_ms` ago (longer than the producer keeps trying): its use is given
+//! back. An order held in the gate but released in PostgreSQL (the gate step of a release
+//! failed) is released in the gate too.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio_util::sync::CancellationToken;
+
+use crate::domain::{OrderId, ReservationStatus, Voucher};
+use crate::flash::FlashPath;
+use crate::gate::{GateSnapshot, GiveBack, RecordState, ReleaseOutcome};
+use crate::metrics::Metrics;
+use crate::store::Store;
+use crate::Result;
+
+pub struct Reconciler {
+    pub flash: FlashPath,
+    pub store: Store,
+    pub metrics: Arc<Metrics>,
+    pub interval: Duration,
+    pub grace: chrono::Duration,
+    pub catch_up_timeout: Duration,
+}
+
+/// What one voucher's reconciliation found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VoucherReport {
+    /// Uses held in Redis minus uses held in PostgreSQL, after the fixes below.
+    pub drift: i64,
+    pub forgotten: usize,
+    pub released: usize,
+}
+
+impl Reconciler {
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut ticker = tokio::time::interval(self.interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = ticker.tick() => {
+                    if let Err(e) = self.run_once().await {
+                        tracing::warn!(error = %e, "reconciliation round failed");
+                    }
+                }
+            }
+        }
+    }
+
+    /// One round over every live flash voucher. `None` per voucher when its gate is not
+    /// loaded or the consumer did not catch up in time (nothing is decided then).
+    pub async fn run_once(&self) -> Result<Vec<(Voucher, Option<VoucherReport>)>> {
+        let vouchers = self.store.live_flash_vouchers().await?;
+        let mut snapshots = Vec::with_capacity(vouchers.len());
+        for v in &vouchers {
+            snapshots.push(self.flash.gate().snapshot(&v.code).await?);
+        }
+        let sampled_at = Utc::now();
+        let caught_up = self
+            .flash
+            .progress()
+            .wait_caught_up(self.catch_up_timeout)
+            .await
+            .unwrap_or(false);
+        if let Ok((_, lag)) = self.flash.progress().lag_now().await {
+            self.metrics.consumer_lag.set(lag.messages);
+        }
+        let mut reports = Vec::with_capacity(vouchers.len());
+        for (voucher, snapshot) in vouchers.into_iter().zip(snapshots) {
+            let report = match (caught_up, snapshot) {
+                (true, Some(snapshot)) => {
+                    Some(self.reconcile(&voucher, snapshot, sampled_at).await?)
+                }
+                _ => None,
+            };
+            if let Some(r) = &report {
+                self.metrics
+                    .gate_drift
+                    .with_label_values(&[voucher.code.as_str()])
+                    .set(r.drift);
+            }
+            reports.push((voucher, report));
+        }
+        Ok(reports)
+    }
+
+    async fn reconcile(
+        &self,
+        voucher: &Voucher,
+        snapshot: GateSnapshot,
+        sampled_at: chrono::DateTime<Utc>,
+    ) -> Result<VoucherReport> {
+        let rows: HashMap<String, ReservationStatus> = self
+            .store
+            .voucher_reservations(&voucher.code)
+            .await?
+            .into_iter()
+            .map(|r| (r.order_id.to_string(), r.status))
+            .collect();
+        let cutoff = (sampled_at - self.grace).timestamp_millis();
+        let gate = self.flash.gate();
+        let mut report = VoucherReport::default();
+        let mut remaining = snapshot.remaining;
+        for (order, record) in &snapshot.orders {
+            if !record.state.holds() {
+                continue;
+            }
+            let Ok(order_id) = OrderId::parse(order.clone()) else {
+                continue;
+            };
+            let how = match rows.get(order) {
+                None if record.publish_ms <= cutoff => GiveBack::Forget {
+                    states: vec![RecordState::Pending, RecordState::Accepted],
+                    published_by_ms: cutoff,
+                },
+                Some(ReservationStatus::Released) => GiveBack::Release,
+                _ => continue,
+            };
+            let reason = if matches!(how, GiveBack::Release) {
+                "released_in_db"
+            } else {
+                "never_recorded"
+            };
+            if gate.release(&voucher.code, &order_id, how).await? == ReleaseOutcome::Released {
+                tracing::warn!(code = %voucher.code, %order_id, reason, "reconciliation gave a use back");
+                self.metrics.reconciled.with_label_values(&[reason]).inc();
+                remaining += 1;
+                if reason == "released_in_db" {
+                    report.released += 1;
+                } else {
+                    report.forgotten += 1;
+                }
+            }
+        }
+        let db_active = rows
+            .values()
+            .filter(|s| **s != ReservationStatus::Released)
+            .count() as i64;
+        let gate_used = i64::from(voucher.total_limit) - remaining;
+        report.drift = gate_used - db_active;
+        if report.drift != 0 {
+            tracing::info!(code = %voucher.code, drift = report.drift, "gate and database differ (in-flight reservations count too)");
+        }
+        Ok(report)
+    }
+}

@@ -1,0 +1,16 @@
+-- Moves an order's record from one of the states in ARGV[2] to state ARGV[3], and, when
+-- ARGV[4] is given, sets the time its latest publish started (a retry re-publishing a
+-- pending event "touches" it, so reconciliation leaves it alone while that publish runs).
+-- KEYS[1] orders; ARGV[1] order id, ARGV[2] allowed states (e.g. 'PA'), ARGV[3] new state,
+-- ARGV[4] optional publish start (ms)
+-- Returns the record's state after the call, or false when there is no record.
+local record = redis.call('HGET', KEYS[1], ARGV[1])
+if not record then return false end
+local state = string.sub(record, 1, 1)
+if not string.find(ARGV[2], state, 1, true) then return state end
+local body = string.sub(record, 2)
+if ARGV[4] then
+  body = string.gsub(body, '|[^|]*$', '|' .. ARGV[4])
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3] .. body)
+return ARGV[3]

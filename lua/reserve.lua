@@ -1,0 +1,33 @@
+-- Decides one reservation. All or nothing: either every write below happens or none.
+-- KEYS[1] meta, KEYS[2] remaining, KEYS[3] users, KEYS[4] orders
+-- ARGV[1] order id, ARGV[2] customer id, ARGV[3] order amount, ARGV[4] now (ms), ARGV[5] ttl (ms)
+-- Returns {OUTCOME} or {OUTCOME, record}.
+local meta = redis.call('HMGET', KEYS[1], 'per_user_limit', 'starts_ms', 'ends_ms', 'min_order', 'discount')
+if not meta[1] then
+  return {'NOT_LOADED'}
+end
+-- A retry is answered from its record, even after the sale ended or sold out.
+local existing = redis.call('HGET', KEYS[4], ARGV[1])
+if existing then
+  return {'EXISTS', existing}
+end
+local now = tonumber(ARGV[4])
+if now < tonumber(meta[2]) then return {'NOT_STARTED'} end
+if now >= tonumber(meta[3]) then return {'EXPIRED'} end
+local amount = tonumber(ARGV[3])
+if amount < tonumber(meta[4]) then return {'BELOW_MIN_ORDER'} end
+if tonumber(redis.call('GET', KEYS[2]) or '0') <= 0 then
+  return {'OUT_OF_STOCK'}
+end
+if tonumber(redis.call('HGET', KEYS[3], ARGV[2]) or '0') >= tonumber(meta[1]) then
+  return {'ALREADY_USED'}
+end
+redis.call('DECR', KEYS[2])
+redis.call('HINCRBY', KEYS[3], ARGV[2], 1)
+-- '%.0f' keeps large integers as digits (tostring would switch to exponent notation).
+local discount = math.min(tonumber(meta[5]), amount)
+-- The last field is when the latest publish of the order's event started.
+local record = table.concat({'P', ARGV[2], ARGV[3], string.format('%.0f', discount), ARGV[4],
+  string.format('%.0f', now + tonumber(ARGV[5])), ARGV[4]}, '|')
+redis.call('HSET', KEYS[4], ARGV[1], record)
+return {'RESERVED', record}
