@@ -9,11 +9,15 @@
 //!    `customer_usage` counter equals that count);
 //! 4. no orderId holds more than one use.
 //!
-//! (5, Redis' remaining count against PostgreSQL, belongs to flash mode.)
+//! 5. in flash mode, the gate's remaining count equals total_limit minus the active rows
+//!    ([`check_gate`], given the gate).
 
 use std::collections::HashMap;
 
 use sqlx::{FromRow, PgPool};
+
+use crate::domain::VoucherCode;
+use crate::gate::Gate;
 
 /// A reservation a client was told succeeded (a 201).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -177,4 +181,37 @@ async fn check_order_ids(pool: &PgPool, report: &mut Report) -> anyhow::Result<(
             .push(format!("4: order {order} holds {n} rows"));
     }
     Ok(())
+}
+
+/// Checks invariants 1 to 5: [`check`], plus every flash voucher's gate against PostgreSQL.
+/// Call it once the system is quiet (consumer caught up, give-backs done).
+pub async fn check_with_gate(
+    pool: &PgPool,
+    gate: &Gate,
+    accepted: &[Accepted],
+) -> anyhow::Result<Report> {
+    let mut report = check(pool, accepted).await?;
+    let rows: Vec<(String, i32, i64)> = sqlx::query_as(
+        "SELECT v.code, v.total_limit,
+                count(r.id) FILTER (WHERE r.status IN ('RESERVED', 'CONFIRMED')) AS active
+         FROM vouchers v LEFT JOIN redemptions r ON r.voucher_code = v.code
+         WHERE v.mode = 'flash'
+         GROUP BY v.code",
+    )
+    .fetch_all(pool)
+    .await?;
+    for (code, total_limit, active) in rows {
+        let parsed = VoucherCode::parse(code.clone()).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let expected = i64::from(total_limit) - active;
+        match gate.remaining(&parsed).await? {
+            Some(remaining) if remaining == expected => {}
+            Some(remaining) => report.violations.push(format!(
+                "5: voucher {code}: gate has {remaining} remaining, PostgreSQL says {expected}"
+            )),
+            None => report
+                .violations
+                .push(format!("5: voucher {code}: gate not loaded")),
+        }
+    }
+    Ok(report)
 }

@@ -4,8 +4,10 @@
 mod concurrency;
 mod constraints;
 mod expiry;
+mod flash;
 mod helpers;
 mod input;
 mod operations;
 mod reservations;
+mod stack;
 mod vouchers;
