@@ -531,3 +531,79 @@ async fn expired_flash_reservations_give_their_uses_back_to_the_gate() {
     });
     env.finish(&all).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn events_the_database_refuses_go_to_the_dead_letter_topic_without_blocking() {
+    use rdkafka::config::ClientConfig;
+    use rdkafka::consumer::Consumer;
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+
+    // A standard voucher: the events below bypass any gate, as a bug upstream would.
+    let env = FlashEnv::start().await;
+    env.app
+        .given_voucher(crate::helpers::voucher_body("DLQ", 2, 1))
+        .await;
+    let event = |code: &str, customer: &str, order: &str| {
+        let now = chrono::Utc::now().timestamp_millis();
+        json!({"type": "reserved", "voucherCode": code, "orderId": order, "customerId": customer,
+               "orderAmount": 100000, "discountAmount": 100000,
+               "reservedAtMs": now, "expiresAtMs": now + 900_000})
+        .to_string()
+    };
+    let payloads = [
+        "not an event".to_owned(),
+        event("GHOST", "c9", "o9"), // no such voucher
+        event("DLQ", "c1", "o1"),
+        event("DLQ", "c1", "o2"), // past the per-user limit
+        event("DLQ", "c2", "o3"),
+        event("DLQ", "c3", "o4"), // past the total limit
+    ];
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", env.kafka().brokers.as_str())
+        .create()
+        .expect("producer");
+    for payload in &payloads {
+        producer
+            .send(
+                FutureRecord::to(&env.kafka().topic)
+                    .key("DLQ")
+                    .payload(payload),
+                Duration::from_secs(5),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .expect("sent");
+    }
+    env.caught_up().await;
+
+    let stored: Vec<String> =
+        sqlx::query_scalar("SELECT order_id FROM redemptions ORDER BY order_id")
+            .fetch_all(&env.pool)
+            .await
+            .expect("rows");
+    assert_eq!(
+        stored,
+        ["o1", "o3"],
+        "valid events after refused ones were written"
+    );
+    let text = env.app.metrics_text().await;
+    assert!(
+        text.contains(r#"voucher_consumer_events_total{result="dead_lettered"} 4"#),
+        "{text}"
+    );
+    // The four refused events are on the dead-letter topic.
+    let reader: rdkafka::consumer::BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", env.kafka().brokers.as_str())
+        .create()
+        .expect("consumer");
+    let (low, high) = reader
+        .fetch_watermarks(&env.kafka().dlq_topic(), 0, Duration::from_secs(10))
+        .expect("watermarks");
+    assert_eq!(high - low, 4, "dead letters on {}", env.kafka().dlq_topic());
+    let accepted = [("c1", "o1"), ("c2", "o3")].map(|(c, o)| Accepted {
+        voucher_code: "DLQ".into(),
+        customer_id: c.into(),
+        order_id: o.into(),
+    });
+    env.finish(&accepted).await;
+}
