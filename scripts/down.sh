@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Stops what ./scripts/up.sh started (PostgreSQL is the machine's and keeps running).
+# Stops what ./scripts/up.sh started (PostgreSQL and Redis are the machine's and keep running).
 . "$(dirname "$0")/lib.sh"
 stop_bg core
+stop_bg broker
 log "stopped"

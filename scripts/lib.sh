@@ -58,3 +58,45 @@ stop_bg() {
     rm -f "$pidfile"
   fi
 }
+
+# Redis is started by the machine before each session; restart it if it stopped.
+ensure_redis() {
+  if redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then return 0; fi
+  log "starting Redis"
+  mkdir -p /var/lib/redis /var/log/redis
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log
+  for _ in $(seq 1 50); do redis-cli ping >/dev/null 2>&1 && return 0; sleep 0.2; done
+  echo "Redis did not come up" >&2
+  return 1
+}
+
+# The Kafka-protocol broker for development and tests: tansu (see shared KAFKA.md).
+# Production points the same code at any Kafka; nothing else depends on tansu.
+TANSU_VERSION=0.6.0
+ensure_tansu() {
+  if command -v tansu >/dev/null 2>&1 && tansu --version 2>/dev/null | grep -q "$TANSU_VERSION"; then
+    return 0
+  fi
+  log "installing tansu $TANSU_VERSION (once per machine; 15-20 minutes on 2 cores)"
+  cargo install tansu --version "$TANSU_VERSION" --locked --features libsql
+}
+
+# start_broker PORT: tansu on 127.0.0.1:PORT, data kept in run/broker/ (survives restarts).
+start_broker() {
+  local port=$1
+  ensure_tansu
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    log "a broker already listens on 127.0.0.1:$port"
+    return 0
+  fi
+  mkdir -p "$RUN_DIR/broker"
+  log "starting tansu on 127.0.0.1:$port"
+  (cd "$RUN_DIR/broker" && start_bg broker tansu broker \
+    --listener-url "tcp://127.0.0.1:$port" --advertised-listener-url "tcp://127.0.0.1:$port" \
+    --storage-engine sqlite://broker.db)
+  wait_for_port 127.0.0.1 "$port" 30
+}
+
+# Cargo's bin directory, where `cargo install` puts tansu.
+export PATH="$HOME/.cargo/bin:$PATH"

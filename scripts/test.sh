@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The project's test command: starts what the tests need, then runs every test of the
-# workspace. Tests create their own databases, so it is safe to run while the stack is up.
+# The project's test command: installs and starts what the tests need, then runs every
+# test of the workspace. Tests create their own databases, Redis key prefixes, brokers
+# (tansu on free ports), topics and groups, so it is safe to run while the stack is up.
 . "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
 ensure_postgres
+ensure_redis
+ensure_tansu
 cargo test --workspace --locked "$@"
