@@ -57,6 +57,10 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Response header carrying the error code of every error answer.
+pub const ERROR_CODE_HEADER: axum::http::HeaderName =
+    axum::http::HeaderName::from_static("x-error-code");
+
 /// Seconds a client should wait before retrying a 503.
 const RETRY_AFTER_SECS: &str = "1";
 
@@ -155,6 +159,10 @@ impl IntoResponse for Error {
                 HeaderValue::from_static(RETRY_AFTER_SECS),
             );
         }
+        // The code as a header too, so a proxy can act on it without parsing the body.
+        response
+            .headers_mut()
+            .insert(ERROR_CODE_HEADER, HeaderValue::from_static(self.code()));
         response.extensions_mut().insert(ErrorCode(self.code()));
         response
     }

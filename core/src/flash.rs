@@ -494,6 +494,7 @@ impl FlashPath {
         };
         // 4. Load, unless another instance got there first.
         if self.inner.gate.load(voucher, &state).await? {
+            self.inner.gate.announce_available(&voucher.code).await;
             Ok(Rebuild::Loaded)
         } else {
             Ok(Rebuild::AlreadyLoaded)

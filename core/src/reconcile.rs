@@ -141,6 +141,9 @@ impl Reconciler {
                 }
             }
         }
+        if report.forgotten + report.released > 0 {
+            gate.announce_available(&voucher.code).await;
+        }
         let db_active = rows
             .values()
             .filter(|s| **s != ReservationStatus::Released)

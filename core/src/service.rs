@@ -132,21 +132,49 @@ impl VoucherService {
     }
 
     pub async fn release(&self, code: &VoucherCode, order_id: &OrderId) -> Result<Reservation> {
-        match self.mode_of(code).await? {
-            VoucherMode::Standard => self.store.release(code, order_id, Utc::now()).await,
-            VoucherMode::Flash => self.flash_path()?.release(code, order_id).await,
+        let released = match self.mode_of(code).await? {
+            VoucherMode::Standard => self.store.release(code, order_id, Utc::now()).await?,
+            VoucherMode::Flash => self.flash_path()?.release(code, order_id).await?,
+        };
+        self.announce_available(code).await;
+        Ok(released)
+    }
+
+    /// Tells the edges a use of `code` is available again (when Redis is configured).
+    async fn announce_available(&self, code: &VoucherCode) {
+        if let Some(flash) = &self.flash {
+            flash.gate().announce_available(code).await;
+        }
+    }
+
+    /// Every orderId that has a reservation on the voucher, whatever its state: the edge
+    /// forwards retries of these while the voucher is sold out.
+    pub async fn order_ids(&self, code: &VoucherCode) -> Result<Vec<String>> {
+        let voucher = self.catalog.get(code).await?;
+        match (voucher.mode, &self.flash) {
+            (VoucherMode::Flash, Some(flash)) => flash
+                .gate()
+                .order_ids(code)
+                .await?
+                .ok_or(Error::Unavailable("voucher gate (rebuilding)")),
+            _ => self.store.voucher_order_ids(code).await,
         }
     }
 
     /// Gives the gate its uses back after the expiry job released them in PostgreSQL.
     pub async fn after_expiry(&self, released: &[crate::store::ExpiredReservation]) {
         let Some(flash) = &self.flash else { return };
+        let mut codes = std::collections::BTreeSet::new();
         for r in released {
             if let Ok(voucher) = self.catalog.get(&r.voucher_code).await {
                 if voucher.mode == VoucherMode::Flash {
                     flash.give_back_released(&r.voucher_code, &r.order_id).await;
                 }
             }
+            codes.insert(&r.voucher_code);
+        }
+        for code in codes {
+            flash.gate().announce_available(code).await;
         }
     }
 

@@ -387,6 +387,33 @@ impl Gate {
         Ok(owner.as_deref() == Some(code.as_str()))
     }
 
+    /// Tells edges that a use of `code` became available again, so they drop their
+    /// sold-out flag at once instead of at its TTL. Best effort: a lost message only
+    /// delays availability until the TTL.
+    pub async fn announce_available(&self, code: &VoucherCode) {
+        let published: redis::RedisResult<i64> = redis::cmd("PUBLISH")
+            .arg(self.available_channel())
+            .arg(code.as_str())
+            .query_async(&mut self.conn.clone())
+            .await;
+        if let Err(e) = published {
+            tracing::debug!(error = %e, "availability not announced");
+        }
+    }
+
+    /// The Pub/Sub channel of availability announcements.
+    pub fn available_channel(&self) -> String {
+        format!("{}available", self.prefix)
+    }
+
+    /// The order ids the gate has a record of, whatever their state.
+    pub async fn order_ids(&self, code: &VoucherCode) -> Result<Option<Vec<String>>> {
+        Ok(self
+            .snapshot(code)
+            .await?
+            .map(|s| s.orders.into_iter().map(|(order, _)| order).collect()))
+    }
+
     /// Drops every key of a voucher's gate (operator reload; tests simulating data loss).
     pub async fn unload(&self, code: &VoucherCode) -> Result<()> {
         let k = self.keys(code);

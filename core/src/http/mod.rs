@@ -87,6 +87,7 @@ pub fn api_router(
         .routes(routes!(vouchers::create_voucher))
         .routes(routes!(vouchers::get_voucher))
         .routes(routes!(vouchers::reload_gate))
+        .routes(routes!(vouchers::order_ids))
         .routes(routes!(reservations::reserve))
         .routes(routes!(reservations::confirm))
         .routes(routes!(reservations::release))

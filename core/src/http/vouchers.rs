@@ -187,3 +187,30 @@ pub async fn reload_gate(
         Json(serde_json::json!({ "code": code.as_str(), "status": "REBUILDING" })),
     ))
 }
+
+/// The orderIds that have a reservation on this voucher, whatever its state (admin; the
+/// edge forwards retries of these while the voucher is sold out).
+#[utoipa::path(
+    get, path = "/vouchers/{code}/orders", tag = "vouchers",
+    params(("code" = String, Path, description = "Voucher code")),
+    security(("admin" = [])),
+    responses(
+        (status = 200, description = "`{code, orderIds}`"),
+        (status = 401, description = "UNAUTHORIZED", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN", body = ErrorBody),
+        (status = 404, description = "VOUCHER_NOT_FOUND", body = ErrorBody),
+        (status = 503, description = "SERVICE_UNAVAILABLE, with Retry-After", body = ErrorBody),
+    )
+)]
+#[tracing::instrument(name = "order_ids", skip_all, fields(code = %code))]
+pub async fn order_ids(
+    State(state): State<AppState>,
+    _admin: Admin,
+    ApiPath(code): ApiPath<String>,
+) -> Result<Json<serde_json::Value>> {
+    let code = VoucherCode::parse(code)?;
+    let ids = state.service.order_ids(&code).await?;
+    Ok(Json(
+        serde_json::json!({ "code": code.as_str(), "orderIds": ids }),
+    ))
+}

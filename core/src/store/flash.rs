@@ -21,6 +21,16 @@ impl Store {
         rows.into_iter().map(Reservation::try_from).collect()
     }
 
+    /// The order ids of every reservation of a voucher.
+    pub async fn voucher_order_ids(&self, code: &VoucherCode) -> Result<Vec<String>> {
+        Ok(
+            sqlx::query_scalar("SELECT order_id FROM redemptions WHERE voucher_code = $1")
+                .bind(code.as_str())
+                .fetch_all(self.pool())
+                .await?,
+        )
+    }
+
     /// Flash vouchers whose sale has not been over for a day: the ones worth reconciling.
     pub async fn live_flash_vouchers(&self) -> Result<Vec<Voucher>> {
         #[derive(FromRow)]

@@ -149,8 +149,10 @@ async fn flash_reservations_follow_the_same_api_rules() {
         first
     );
 
-    // Confirm and release reach PostgreSQL once the consumer wrote the rows; a use given
-    // back is available again at the gate.
+    // Confirm and release reach PostgreSQL once the consumer wrote the rows (they wait a
+    // moment for it, then answer 503; a consumer that just joined its group may take
+    // longer); a use given back is available again at the gate.
+    env.caught_up().await;
     let confirmed = env.app.confirm("FA", "o1").await;
     assert_eq!(confirmed.status(), StatusCode::OK);
     assert_eq!(

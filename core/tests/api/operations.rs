@@ -143,6 +143,7 @@ async fn the_openapi_document_describes_exactly_the_served_routes() {
         "POST /vouchers",
         "GET /vouchers/{code}",
         "POST /vouchers/{code}/gate/reload",
+        "GET /vouchers/{code}/orders",
         "POST /vouchers/{code}/reservations",
         "POST /vouchers/{code}/reservations/{orderId}/confirm",
         "DELETE /vouchers/{code}/reservations/{orderId}",

@@ -1,0 +1,323 @@
+//! The `ProxyHttp` implementation: what the edge does in each phase of a request.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::lb::selection::RoundRobin;
+use pingora::lb::LoadBalancer;
+use pingora::prelude::{HttpPeer, ProxyHttp, Session};
+use pingora::proxy::FailToProxy;
+use pingora::{Error, ErrorType, Result};
+use serde::Deserialize;
+
+use crate::config::EdgeSettings;
+use crate::metrics::EdgeMetrics;
+use crate::route::Route;
+use crate::sold_out::{SoldOutCache, Verdict};
+
+/// Header set on answers the edge gave itself.
+pub const SERVED_BY_HEADER: &str = "x-served-by";
+/// Header the core sets on error answers, with the error code.
+const ERROR_CODE_HEADER: &str = "x-error-code";
+
+pub struct Edge {
+    pub upstreams: Arc<LoadBalancer<RoundRobin>>,
+    pub sold_out: SoldOutCache,
+    pub metrics: Arc<EdgeMetrics>,
+    pub settings: Arc<EdgeSettings>,
+    /// For the order list of a sold-out voucher.
+    pub http: reqwest::Client,
+}
+
+/// Per-request state carried between the phases.
+pub struct Ctx {
+    route: Route,
+    started: Instant,
+    /// What happened, for metrics: `forwarded` or why the edge answered.
+    outcome: &'static str,
+    /// Upstreams this request failed to reach, skipped when it is retried.
+    failed: Vec<String>,
+}
+
+/// The only field of a reservation body the edge reads.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct OrderOnly {
+    order_id: Option<String>,
+}
+
+impl Edge {
+    /// Writes a complete JSON answer from the edge, keeping the connection alive
+    /// (a Content-Length is what allows keep-alive).
+    async fn answer(
+        &self,
+        session: &mut Session,
+        status: u16,
+        code: &str,
+        message: &str,
+    ) -> Result<()> {
+        let body =
+            Bytes::from(serde_json::json!({ "error": code, "message": message }).to_string());
+        let mut header = ResponseHeader::build(status, Some(4))?;
+        header.insert_header("content-type", "application/json")?;
+        header.insert_header("content-length", body.len().to_string())?;
+        header.insert_header(SERVED_BY_HEADER, "edge")?;
+        header.insert_header(ERROR_CODE_HEADER, code)?;
+        if status == 503 {
+            header.insert_header("retry-after", "1")?;
+        }
+        session.set_keepalive(Some(60));
+        session
+            .write_response_header(Box::new(header), false)
+            .await?;
+        session.write_response_body(Some(body), true).await?;
+        Ok(())
+    }
+
+    /// Reads the whole request body (bounded) into pingora's retry buffer, from which it
+    /// is sent upstream if the request is forwarded. `None` when it is over the limit.
+    async fn read_body(&self, session: &mut Session) -> Result<Option<Bytes>> {
+        session.as_mut().enable_retry_buffering();
+        let mut body = Vec::new();
+        while let Some(chunk) = session.read_request_body().await? {
+            body.extend_from_slice(&chunk);
+            if body.len() > self.settings.max_body_bytes {
+                return Ok(None);
+            }
+        }
+        Ok(Some(Bytes::from(body)))
+    }
+
+    /// Sets the sold-out flag of `code` and fetches its order list from a core.
+    fn flag_sold_out(&self, code: &str) {
+        let Some(id) = self.sold_out.begin(code) else {
+            return;
+        };
+        self.metrics.flags_set.inc();
+        let (cache, http, token) = (
+            self.sold_out.clone(),
+            self.http.clone(),
+            self.settings.admin_token.clone(),
+        );
+        let upstream = self
+            .upstreams
+            .select(code.as_bytes(), 256)
+            .map(|b| b.addr.to_string());
+        let code = code.to_owned();
+        tokio::spawn(async move {
+            let orders = match upstream {
+                Some(addr) => fetch_orders(&http, &addr, &code, &token).await,
+                None => Err("no healthy core".into()),
+            };
+            match orders {
+                Ok(orders) => {
+                    cache.complete(&code, id, orders);
+                }
+                Err(e) => {
+                    tracing::warn!(%code, error = %e, "order list not fetched; not answering for this voucher");
+                    cache.abandon(&code, id);
+                }
+            }
+        });
+    }
+}
+
+async fn fetch_orders(
+    http: &reqwest::Client,
+    addr: &str,
+    code: &str,
+    token: &str,
+) -> Result<HashSet<String>, String> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Orders {
+        order_ids: Vec<String>,
+    }
+    let resp = http
+        .get(format!("http://{addr}/vouchers/{code}/orders"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    if !resp.status().is_success() {
+        return Err(format!("core answered {}", resp.status()));
+    }
+    let orders: Orders = resp.json().await.map_err(|e| e.to_string())?;
+    Ok(orders.order_ids.into_iter().collect())
+}
+
+#[async_trait]
+impl ProxyHttp for Edge {
+    type CTX = Ctx;
+
+    fn new_ctx(&self) -> Ctx {
+        Ctx {
+            route: Route::Other,
+            started: Instant::now(),
+            outcome: "forwarded",
+            failed: Vec::new(),
+        }
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        // Slow or stalled clients are cut off; the core never waits on them.
+        let timeout = Some(Duration::from_millis(self.settings.client_timeout_ms));
+        session.as_mut().set_read_timeout(timeout);
+        let header = session.req_header();
+        ctx.route = Route::classify(header.method.as_str(), header.uri.path());
+        let declared = header
+            .headers
+            .get("content-length")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+
+        if ctx.route == Route::Admin {
+            ctx.outcome = "admin_refused";
+            self.answer(
+                session,
+                403,
+                "FORBIDDEN",
+                "admin calls are not served on the public listener",
+            )
+            .await?;
+            return Ok(true);
+        }
+        if declared.is_some_and(|n| n > self.settings.max_body_bytes) {
+            ctx.outcome = "too_large";
+            let message = format!(
+                "the request body is larger than {} bytes",
+                self.settings.max_body_bytes
+            );
+            self.answer(session, 413, "PAYLOAD_TOO_LARGE", &message)
+                .await?;
+            return Ok(true);
+        }
+        let Route::Reserve { code } = &ctx.route else {
+            return Ok(false);
+        };
+        let code = code.clone();
+        let Some(body) = self.read_body(session).await? else {
+            ctx.outcome = "too_large";
+            let message = format!(
+                "the request body is larger than {} bytes",
+                self.settings.max_body_bytes
+            );
+            self.answer(session, 413, "PAYLOAD_TOO_LARGE", &message)
+                .await?;
+            return Ok(true);
+        };
+        let order_id = serde_json::from_slice::<OrderOnly>(&body)
+            .ok()
+            .and_then(|b| b.order_id);
+        if self.sold_out.verdict(&code, order_id.as_deref()) == Verdict::SoldOut {
+            ctx.outcome = "sold_out";
+            self.answer(session, 409, "OUT_OF_STOCK", "the voucher has no uses left")
+                .await?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+        let failed = &ctx.failed;
+        let backend = self
+            .upstreams
+            .select_with(b"", 256, |b, healthy| {
+                healthy && !failed.contains(&b.addr.to_string())
+            })
+            .ok_or_else(|| Error::explain(ErrorType::HTTPStatus(503), "no healthy core"))?;
+        let mut peer = HttpPeer::new(backend.addr.clone(), false, String::new());
+        peer.options.connection_timeout = Some(Duration::from_millis(
+            self.settings.upstream_connect_timeout_ms,
+        ));
+        peer.options.read_timeout = Some(Duration::from_millis(
+            self.settings.upstream_read_timeout_ms,
+        ));
+        Ok(Box::new(peer))
+    }
+
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        peer: &HttpPeer,
+        ctx: &mut Ctx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        // Connecting failed, so nothing was sent: another core may take it. (Reservations
+        // are idempotent by orderId anyway.)
+        self.metrics
+            .upstream_errors
+            .with_label_values(&["connect"])
+            .inc();
+        ctx.failed.push(peer._address.to_string());
+        if ctx.failed.len() < self.settings.upstreams.len() {
+            e.set_retry(true);
+        }
+        e
+    }
+
+    async fn upstream_response_filter(
+        &self,
+        _session: &mut Session,
+        response: &mut ResponseHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        if let Route::Reserve { code } = &ctx.route {
+            let out_of_stock = response.status.as_u16() == 409
+                && response
+                    .headers
+                    .get(ERROR_CODE_HEADER)
+                    .is_some_and(|v| v.as_bytes() == b"OUT_OF_STOCK");
+            if out_of_stock {
+                self.flag_sold_out(code);
+            }
+        }
+        Ok(())
+    }
+
+    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
+        let (status, code, message) = match e.etype() {
+            ErrorType::HTTPStatus(503) => {
+                self.metrics
+                    .upstream_errors
+                    .with_label_values(&["no_upstream"])
+                    .inc();
+                (503, "SERVICE_UNAVAILABLE", "no core is available")
+            }
+            _ if e.esource() == &pingora::ErrorSource::Downstream => {
+                (400, "BAD_REQUEST", "the request could not be read")
+            }
+            _ => {
+                self.metrics
+                    .upstream_errors
+                    .with_label_values(&["proxy"])
+                    .inc();
+                (502, "BAD_GATEWAY", "the core did not answer")
+            }
+        };
+        ctx.outcome = "upstream_error";
+        if self.answer(session, status, code, message).await.is_err() {
+            return FailToProxy {
+                error_code: 0,
+                can_reuse_downstream: false,
+            };
+        }
+        FailToProxy {
+            error_code: status,
+            can_reuse_downstream: false,
+        }
+    }
+
+    async fn logging(&self, _session: &mut Session, _e: Option<&Error>, ctx: &mut Ctx) {
+        let labels = [ctx.route.label(), ctx.outcome];
+        self.metrics.requests.with_label_values(&labels).inc();
+        self.metrics
+            .duration
+            .with_label_values(&labels)
+            .observe(ctx.started.elapsed().as_secs_f64());
+    }
+}

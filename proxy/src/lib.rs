@@ -1,0 +1,18 @@
+//! voucher-edge: the Pingora edge of the voucher gate.
+//!
+//! Once a voucher is sold out, late flash-sale traffic is answered here, from a moka cache
+//! of sold-out flags, and never reaches a core. Everything else is forwarded round-robin to
+//! the healthy cores.
+//!
+//! - [`edge`]: the `ProxyHttp` phases (admin refusal, body limit, the flag, upstream choice);
+//! - [`sold_out`]: the flags and the order lists that let retries of holders through;
+//! - [`signals`]: drops a flag at once when a core announces a use given back;
+//! - [`route`], [`config`], [`metrics`], [`server`]: the rest.
+
+pub mod config;
+pub mod edge;
+pub mod metrics;
+pub mod route;
+pub mod server;
+pub mod signals;
+pub mod sold_out;

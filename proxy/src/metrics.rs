@@ -1,0 +1,93 @@
+//! The edge's Prometheus metrics, served on `metrics_listen`.
+
+use std::sync::Arc;
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5,
+];
+
+pub struct EdgeMetrics {
+    registry: Registry,
+    /// Requests by route and by what the edge did (`forwarded`, or the reason it answered).
+    pub requests: IntCounterVec,
+    pub duration: HistogramVec,
+    /// Failures talking to a core, by kind (connect, proxy, no_upstream).
+    pub upstream_errors: IntCounterVec,
+    /// Sold-out flags set from core answers.
+    pub flags_set: IntCounter,
+    /// Flags dropped early by an availability announcement.
+    pub availability_signals: IntCounter,
+    /// Vouchers currently flagged sold out.
+    pub flags: IntGauge,
+}
+
+impl EdgeMetrics {
+    pub fn new() -> Arc<Self> {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new("edge_requests_total", "Requests by route and edge outcome"),
+            &["route", "outcome"],
+        )
+        .expect("static metric definition is valid");
+        let duration = HistogramVec::new(
+            HistogramOpts::new(
+                "edge_request_duration_seconds",
+                "Time at the edge, by route and outcome",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["route", "outcome"],
+        )
+        .expect("static metric definition is valid");
+        let upstream_errors = IntCounterVec::new(
+            Opts::new(
+                "edge_upstream_errors_total",
+                "Failures talking to the cores",
+            ),
+            &["kind"],
+        )
+        .expect("static metric definition is valid");
+        let flags_set = IntCounter::new("edge_sold_out_flags_set_total", "Sold-out flags set")
+            .expect("static metric definition is valid");
+        let availability_signals = IntCounter::new(
+            "edge_availability_signals_total",
+            "Sold-out flags dropped by an availability announcement",
+        )
+        .expect("static metric definition is valid");
+        let flags = IntGauge::new("edge_sold_out_flags", "Vouchers flagged sold out")
+            .expect("static metric definition is valid");
+        for c in [
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(duration.clone()),
+            Box::new(upstream_errors.clone()),
+            Box::new(flags_set.clone()),
+            Box::new(availability_signals.clone()),
+            Box::new(flags.clone()),
+        ] {
+            registry
+                .register(c)
+                .expect("each metric is registered once");
+        }
+        Arc::new(Self {
+            registry,
+            requests,
+            duration,
+            upstream_errors,
+            flags_set,
+            availability_signals,
+            flags,
+        })
+    }
+
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            tracing::error!(error = %e, "cannot encode metrics");
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
