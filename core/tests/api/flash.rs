@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -15,50 +14,8 @@ use voucher_core::metrics::Metrics;
 use voucher_core::reconcile::Reconciler;
 use voucher_core::store::Store;
 
-use crate::helpers::{accepted, count, Attempt, TestApp};
+use crate::helpers::{accepted, count, sale};
 use crate::stack::{flash_voucher, FlashEnv};
-
-/// `n` reservations by distinct customers, at most `in_flight` at a time. A 503 is retried
-/// with the same orderId (as a checkout would), up to `retries` times, `pause` apart.
-async fn sale(
-    app: &TestApp,
-    code: &str,
-    tag: &str,
-    n: usize,
-    in_flight: usize,
-    retries: usize,
-    pause: Duration,
-) -> (Vec<Attempt>, usize) {
-    let results: Vec<(Attempt, usize)> = futures::stream::iter(0..n)
-        .map(|i| async move {
-            let (customer, order) = (format!("{tag}-c{i}"), format!("{tag}-o{i}"));
-            let mut unavailable = 0;
-            loop {
-                let resp = app.reserve(code, &customer, &order, 100_000).await;
-                let status = resp.status();
-                let body: Value = resp.json().await.expect("every answer is JSON");
-                if status == StatusCode::SERVICE_UNAVAILABLE && unavailable < retries {
-                    unavailable += 1;
-                    tokio::time::sleep(pause).await;
-                    continue;
-                }
-                return (
-                    Attempt {
-                        customer,
-                        order,
-                        status,
-                        body,
-                    },
-                    unavailable,
-                );
-            }
-        })
-        .buffer_unordered(in_flight)
-        .collect()
-        .await;
-    let unavailable = results.iter().map(|(_, u)| u).sum();
-    (results.into_iter().map(|(a, _)| a).collect(), unavailable)
-}
 
 async fn rows(env: &FlashEnv, code: &str) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM redemptions WHERE voucher_code = $1")

@@ -1,6 +1,10 @@
-//! Test harness: each test gets its own PostgreSQL database and its own app on port 0.
+//! Databases, apps and requests: each test gets its own PostgreSQL database and its own
+//! app on port 0.
 
 use std::future::Future;
+use std::time::Duration as StdDuration;
+
+use futures::StreamExt;
 
 use chrono::{DateTime, Duration, Utc};
 use reqwest::{Response, StatusCode};
@@ -86,13 +90,26 @@ pub fn settings_for(db_url: &str) -> Settings {
     }
 }
 
-/// One running instance of the core.
-pub struct TestApp {
+/// Calls the API at `base` (a core, or an edge in front of cores).
+pub struct ApiClient {
     pub base: String,
-    pub metrics_base: String,
     pub client: reqwest::Client,
+}
+
+/// One running instance of the core; derefs to its [`ApiClient`].
+pub struct TestApp {
+    pub api: ApiClient,
+    pub metrics_base: String,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl std::ops::Deref for TestApp {
+    type Target = ApiClient;
+
+    fn deref(&self) -> &ApiClient {
+        &self.api
+    }
 }
 
 impl TestApp {
@@ -103,12 +120,16 @@ impl TestApp {
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(app.run_until_stopped(shutdown.clone()));
         Self {
-            base,
+            api: ApiClient::new(base),
             metrics_base,
-            client: reqwest::Client::new(),
             shutdown,
             task,
         }
+    }
+
+    /// The `host:port` of its API listener.
+    pub fn address(&self) -> &str {
+        self.base.trim_start_matches("http://")
     }
 
     pub async fn stop(self) {
@@ -116,6 +137,25 @@ impl TestApp {
         let _ = self.task.await;
     }
 
+    pub async fn metrics_text(&self) -> String {
+        self.client
+            .get(format!("{}/metrics", self.metrics_base))
+            .send()
+            .await
+            .expect("metrics reachable")
+            .text()
+            .await
+            .expect("text")
+    }
+}
+
+impl ApiClient {
+    pub fn new(base: String) -> Self {
+        Self {
+            base,
+            client: reqwest::Client::new(),
+        }
+    }
     pub async fn post_json(&self, path: &str, body: &Value) -> Response {
         self.client
             .post(format!("{}{path}", self.base))
@@ -184,17 +224,6 @@ impl TestApp {
         let resp = self.get_voucher(code).await;
         assert_eq!(resp.status(), StatusCode::OK);
         resp.json().await.expect("json")
-    }
-
-    pub async fn metrics_text(&self) -> String {
-        self.client
-            .get(format!("{}/metrics", self.metrics_base))
-            .send()
-            .await
-            .expect("metrics reachable")
-            .text()
-            .await
-            .expect("text")
     }
 }
 
@@ -316,4 +345,46 @@ pub fn count(attempts: &[Attempt], status: StatusCode, code: &str) -> usize {
         .iter()
         .filter(|a| a.status == status && a.code() == code)
         .count()
+}
+
+/// `n` reservations by distinct customers, at most `in_flight` at a time. A 503 is retried
+/// with the same orderId (as a checkout would), up to `retries` times, `pause` apart.
+pub async fn sale(
+    app: &ApiClient,
+    code: &str,
+    tag: &str,
+    n: usize,
+    in_flight: usize,
+    retries: usize,
+    pause: StdDuration,
+) -> (Vec<Attempt>, usize) {
+    let results: Vec<(Attempt, usize)> = futures::stream::iter(0..n)
+        .map(|i| async move {
+            let (customer, order) = (format!("{tag}-c{i}"), format!("{tag}-o{i}"));
+            let mut unavailable = 0;
+            loop {
+                let resp = app.reserve(code, &customer, &order, 100_000).await;
+                let status = resp.status();
+                let body: Value = resp.json().await.expect("every answer is JSON");
+                if status == StatusCode::SERVICE_UNAVAILABLE && unavailable < retries {
+                    unavailable += 1;
+                    tokio::time::sleep(pause).await;
+                    continue;
+                }
+                return (
+                    Attempt {
+                        customer,
+                        order,
+                        status,
+                        body,
+                    },
+                    unavailable,
+                );
+            }
+        })
+        .buffer_unordered(in_flight)
+        .collect()
+        .await;
+    let unavailable = results.iter().map(|(_, u)| u).sum();
+    (results.into_iter().map(|(a, _)| a).collect(), unavailable)
 }
