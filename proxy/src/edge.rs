@@ -260,6 +260,29 @@ impl ProxyHttp for Edge {
         e
     }
 
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<Error>,
+        ctx: &mut Ctx,
+        _client_reused: bool,
+    ) -> Box<Error> {
+        // A core failed mid-request (killed, restarting). Every call of this API is
+        // idempotent (reservations by orderId; confirm and release by state; GET), so the
+        // request may go to another core even if the first one acted on it: the retry
+        // gets the same answer the lost one would have had.
+        self.metrics
+            .upstream_errors
+            .with_label_values(&["proxy"])
+            .inc();
+        let mut e = e.more_context(format!("peer: {peer}"));
+        ctx.failed.push(peer._address.to_string());
+        let body_kept = !session.as_ref().retry_buffer_truncated();
+        e.set_retry(body_kept && ctx.failed.len() < self.settings.upstreams.len() + 1);
+        e
+    }
+
     async fn upstream_response_filter(
         &self,
         _session: &mut Session,

@@ -304,7 +304,7 @@ impl Attempt {
 
 /// Runs all `attempts` at once (each a (customer, order) pair) against one voucher.
 pub async fn reserve_concurrently(
-    app: &TestApp,
+    app: &ApiClient,
     code: &str,
     attempts: Vec<(String, String)>,
 ) -> Vec<Attempt> {
