@@ -67,6 +67,13 @@ impl EdgeProcess {
             .stderr(Stdio::null())
             .spawn()
             .expect("edge starts");
+        // Owned at once, so that a failed start still kills and reaps the process.
+        let edge = Self {
+            child,
+            api: ApiClient::new(format!("http://127.0.0.1:{port}")),
+            metrics_base: format!("http://127.0.0.1:{metrics_port}"),
+            _dir: dir,
+        };
         for _ in 0..200 {
             if tokio::net::TcpStream::connect(("127.0.0.1", port))
                 .await
@@ -74,12 +81,7 @@ impl EdgeProcess {
             {
                 // Let the first health check mark the cores up.
                 tokio::time::sleep(Duration::from_millis(300)).await;
-                return Self {
-                    child,
-                    api: ApiClient::new(format!("http://127.0.0.1:{port}")),
-                    metrics_base: format!("http://127.0.0.1:{metrics_port}"),
-                    _dir: dir,
-                };
+                return edge;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
