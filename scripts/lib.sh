@@ -59,6 +59,13 @@ stop_bg() {
   fi
 }
 
+# Pingora's build compiles zlib-ng with cmake (Debian package).
+ensure_build_tools() {
+  if command -v cmake >/dev/null 2>&1; then return 0; fi
+  log "installing cmake (needed to build pingora)"
+  apt-get update -qq && apt-get install -y -qq cmake >/dev/null
+}
+
 # Redis is started by the machine before each session; restart it if it stopped.
 ensure_redis() {
   if redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then return 0; fi

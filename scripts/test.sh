@@ -5,6 +5,7 @@
 . "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
+ensure_build_tools
 ensure_postgres
 ensure_redis
 ensure_tansu

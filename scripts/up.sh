@@ -1,46 +1,59 @@
 #!/usr/bin/env bash
-# Brings up the stack on this machine and runs a demo flash sale against it:
-# PostgreSQL and Redis (local), tansu (a Kafka-protocol broker), voucher-core (release
-# build, migrations applied at start-up, consumer and reconciliation inside), then a flash
-# voucher with 100 uses and 1,000 concurrent reservations for it.
+# Brings up the stack on this machine and runs a demo flash sale through it:
+# PostgreSQL and Redis (local), tansu (a Kafka-protocol broker), two voucher-core
+# instances (release build; migrations, consumer, expiry and reconciliation inside) and
+# the voucher-edge proxy in front of them; then a flash voucher with 100 uses and 1,000
+# concurrent reservations for it, sent to the edge.
 # Stop it with ./scripts/down.sh.
 . "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
-API=${API:-http://127.0.0.1:8081}
-METRICS=${METRICS:-http://127.0.0.1:9181}
+API=http://127.0.0.1:8080        # the edge: what clients call
+CORE=http://127.0.0.1:8081       # core 1 (admin calls go to a core, never through the edge)
 TOKEN=${VOUCHER__ADMIN__TOKEN:-dev-admin-token}
 
+ensure_build_tools
 ensure_postgres
 ensure_redis
 ensure_database vouchers
 start_broker 9092
 
-log "building voucher-core (release)"
-cargo build --release -p voucher-core
+log "building voucher-core and voucher-edge (release; the first build takes several minutes)"
+cargo build --release -p voucher-core -p voucher-edge
 
-log "starting voucher-core on $API (metrics on $METRICS/metrics)"
+log "starting two cores on :8081 and :8082 (metrics :9181, :9182)"
 start_bg core env VOUCHER_CONFIG=config/core.toml ./target/release/voucher-core
-wait_for_port 127.0.0.1 8081 30
+wait_for_port 127.0.0.1 8081 60
+start_bg core2 env VOUCHER_CONFIG=config/core.toml VOUCHER__HTTP__LISTEN=127.0.0.1:8082 \
+  VOUCHER__HTTP__METRICS_LISTEN=127.0.0.1:9182 ./target/release/voucher-core
+wait_for_port 127.0.0.1 8082 60
+log "starting the edge on :8080 (metrics :9180)"
+start_bg edge env EDGE_CONFIG=config/edge.yaml ./target/release/voucher-edge
+wait_for_port 127.0.0.1 8080 30
+sleep 1  # first health check of the cores
 
 code="DEMO$(date +%s)"
 now=$(date -u +%FT%TZ); end=$(date -u -d '+1 day' +%FT%TZ)
 log "creating flash voucher $code: 100 uses, 1 per customer"
-curl -fsS -X POST "$API/vouchers" -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
+curl -fsS -X POST "$CORE/vouchers" -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
   -d "{\"code\":\"$code\",\"discountAmount\":100000,\"minOrderAmount\":0,\"totalLimit\":100,\"perUserLimit\":1,\"startsAt\":\"$now\",\"endsAt\":\"$end\",\"mode\":\"flash\"}"
 echo
 
-log "demo sale: 1,000 customers reserve at once (50 in flight)"
+log "demo sale through the edge: 1,000 customers reserve at once (50 in flight)"
 seq 1 1000 | xargs -P 50 -I{} curl -sS -o /dev/null -w '%{http_code}\n' -X POST "$API/vouchers/$code/reservations" \
   -H 'Content-Type: application/json' -d '{"customerId":"demo-c{}","orderId":"'"$code"'-o{}","orderAmount":250000}' \
   | sort | uniq -c | sed 's/^/   HTTP /'
 sleep 1  # the consumer writes the events into PostgreSQL in batches
 log "voucher after the sale (usedCount must be exactly 100, gateRemaining 0)"
 curl -fsS "$API/vouchers/$code"; echo
+log "who answered the refusals: the edge's counters"
+curl -fsS http://127.0.0.1:9180/metrics | grep '^edge_requests_total' | sed 's/^/   /'
 
 cat <<TXT
 
-voucher-core runs on $API (log: run/core.log, metrics: $METRICS/metrics, API doc: $API/openapi.json).
+The edge serves $API (logs in run/: edge.log, core.log, core2.log, broker.log).
+Metrics: edge http://127.0.0.1:9180/metrics, cores http://127.0.0.1:9181/metrics and :9182.
+API document: $CORE/openapi.json. Admin calls (create a voucher) go to a core, e.g. $CORE.
 Try:  curl -X POST $API/vouchers/$code/reservations -H 'Content-Type: application/json' \\
         -d '{"customerId":"me","orderId":"my-order-1","orderAmount":250000}'
 Stop: ./scripts/down.sh
