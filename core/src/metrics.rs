@@ -46,6 +46,8 @@ pub struct Metrics {
     pub consumer_lag: IntGauge,
     /// Uses Redis holds minus uses PostgreSQL holds, per flash voucher, once the consumer caught up.
     pub gate_drift: IntGaugeVec,
+    /// Uses left at the gate, per flash voucher (sampled by reconciliation).
+    pub gate_remaining: IntGaugeVec,
     /// Uses reconciliation gave back, by reason (never_recorded, released_in_db).
     pub reconciled: IntCounterVec,
     /// Gate rebuilds by result (loaded, already_loaded, not_caught_up, error).
@@ -136,6 +138,11 @@ impl Metrics {
             &["voucher"],
         )
         .expect("static metric definition is valid");
+        let gate_remaining = IntGaugeVec::new(
+            Opts::new("voucher_gate_remaining", "Uses left at the Redis gate"),
+            &["voucher"],
+        )
+        .expect("static metric definition is valid");
         let reconciled = IntCounterVec::new(
             Opts::new(
                 "voucher_reconciled_uses_total",
@@ -165,12 +172,41 @@ impl Metrics {
             Box::new(consumer_transactions.clone()),
             Box::new(consumer_lag.clone()),
             Box::new(gate_drift.clone()),
+            Box::new(gate_remaining.clone()),
             Box::new(reconciled.clone()),
             Box::new(gate_rebuilds.clone()),
         ] {
             registry
                 .register(collector)
                 .expect("each metric is registered once");
+        }
+        // Series that exist from the start (at 0), so dashboards and alerts see them before
+        // the first event of their kind.
+        for mode in ["standard", "flash"] {
+            for outcome in [
+                "reserved",
+                "retried",
+                "OUT_OF_STOCK",
+                "ALREADY_USED",
+                "NOT_ELIGIBLE",
+            ] {
+                reservations.with_label_values(&[mode, outcome]);
+            }
+        }
+        for result in ["ok", "error"] {
+            expiry_runs.with_label_values(&[result]);
+        }
+        for result in ["ok", "not_written", "ambiguous"] {
+            publish_duration.with_label_values(&[result]);
+        }
+        for result in ["inserted", "duplicate", "dead_lettered"] {
+            consumer_events.with_label_values(&[result]);
+        }
+        for reason in ["never_recorded", "released_in_db"] {
+            reconciled.with_label_values(&[reason]);
+        }
+        for result in ["loaded", "already_loaded", "not_caught_up", "error"] {
+            gate_rebuilds.with_label_values(&[result]);
         }
         Self {
             registry,
@@ -186,6 +222,7 @@ impl Metrics {
             consumer_transactions,
             consumer_lag,
             gate_drift,
+            gate_remaining,
             reconciled,
             gate_rebuilds,
         }

@@ -76,6 +76,12 @@ impl Reconciler {
         }
         let mut reports = Vec::with_capacity(vouchers.len());
         for (voucher, snapshot) in vouchers.into_iter().zip(snapshots) {
+            if let Some(s) = &snapshot {
+                self.metrics
+                    .gate_remaining
+                    .with_label_values(&[voucher.code.as_str()])
+                    .set(s.remaining);
+            }
             let report = match (caught_up, snapshot) {
                 (true, Some(snapshot)) => {
                     Some(self.reconcile(&voucher, snapshot, sampled_at).await?)

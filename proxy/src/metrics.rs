@@ -72,6 +72,13 @@ impl EdgeMetrics {
                 .register(c)
                 .expect("each metric is registered once");
         }
+        // Series that exist from the start (at 0), for dashboards and alerts.
+        for outcome in ["forwarded", "sold_out", "too_large", "upstream_error"] {
+            requests.with_label_values(&["reserve", outcome]);
+        }
+        for kind in ["connect", "proxy", "no_upstream"] {
+            upstream_errors.with_label_values(&[kind]);
+        }
         Arc::new(Self {
             registry,
             requests,

@@ -44,6 +44,9 @@ impl EventConsumer {
             .set("auto.offset.reset", "earliest")
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
+            // Confirm and release wait for the consumer to write a fresh reservation: a
+            // fetch that idles for librdkafka's default 500 ms would show in their latency.
+            .set("fetch.wait.max.ms", "10")
             .create()?;
         consumer.subscribe(&[&settings.topic])?;
         let dead_letters: FutureProducer = ClientConfig::new()

@@ -1,6 +1,8 @@
 //! End-to-end tests through the real edge binary, in front of two real cores, on the real
 //! PostgreSQL, Redis and a tansu broker of each test's own.
 
+mod dashboards;
+
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -135,10 +137,18 @@ struct Stack {
 
 impl Stack {
     async fn start(ttl_ms: u64) -> Self {
+        Self::start_with(ttl_ms, |_| {}).await
+    }
+
+    async fn start_with(
+        ttl_ms: u64,
+        tweak: impl FnOnce(&mut voucher_core::config::Settings),
+    ) -> Self {
         let db = TestDb::create().await;
         let broker = Broker::start().await;
         let tag = uuid::Uuid::new_v4().simple().to_string();
-        let settings = flash_settings(&db.url, &broker, &tag);
+        let mut settings = flash_settings(&db.url, &broker, &tag);
+        tweak(&mut settings);
         let cores = vec![
             TestApp::start(&settings).await,
             TestApp::start(&settings).await,

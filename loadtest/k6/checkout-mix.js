@@ -1,0 +1,74 @@
+// Checkout traffic: each order reserves, sometimes retries the same orderId (a timeout
+// on the client side), then confirms (payment succeeded) or releases (cancelled).
+//
+//   RATE=200 DURATION=30s CONFIRM_RATIO=0.7 RETRY_RATIO=0.1 k6 run loadtest/k6/checkout-mix.js
+import http from 'k6/http';
+import exec from 'k6/execution';
+import { check } from 'k6';
+import { BASE_URL, createVoucher, reserve, summary, summaryTrendStats, voucherState } from './lib.js';
+
+const RATE = Number(__ENV.RATE || 100);
+const CONFIRM_RATIO = Number(__ENV.CONFIRM_RATIO || 0.7);
+const RETRY_RATIO = Number(__ENV.RETRY_RATIO || 0.1);
+
+export const options = {
+  summaryTrendStats,
+  scenarios: {
+    checkout: {
+      executor: 'constant-arrival-rate',
+      rate: RATE,
+      timeUnit: '1s',
+      duration: __ENV.DURATION || '10s',
+      preAllocatedVUs: Number(__ENV.VUS || 50),
+      maxVUs: Number(__ENV.MAX_VUS || 300),
+    },
+  },
+  thresholds: {
+    voucher_unexpected: ['rate<0.001'],
+    checks: ['rate>0.999'],
+    'http_req_duration{name:reserve}': ['p(99)<100'],
+    'http_req_duration{name:confirm}': ['p(99)<200'],
+    'http_req_duration{name:release}': ['p(99)<200'],
+  },
+};
+
+export function setup() {
+  // Plenty of uses, few per customer: the mix exercises every call, not the sell-out.
+  return { code: createVoucher('K6M', Number(__ENV.LIMIT || 1000000), 2, __ENV.MODE || 'flash') };
+}
+
+export default function (data) {
+  const i = exec.scenario.iterationInTest;
+  const customer = `mix-c${i % 5000}`;
+  const order = `${data.code}-m${i}`;
+  const first = reserve(data.code, customer, order);
+  if (first.status !== 201) {
+    return;
+  }
+  if (Math.random() < RETRY_RATIO) {
+    const again = reserve(data.code, customer, order);
+    check(again, { 'a retry gets the same reservation': (r) => r.status === 201 && r.json('orderId') === order });
+  }
+  const url = `${BASE_URL}/vouchers/${data.code}/reservations/${order}`;
+  // Flash reservations reach PostgreSQL through the consumer; the core waits for it, and
+  // answers 503 if it takes too long: retry then, as a checkout would.
+  const confirm = Math.random() < CONFIRM_RATIO;
+  for (let attempt = 0; attempt < 5; attempt++) {
+    const res = confirm
+      ? http.post(`${url}/confirm`, null, { tags: { name: 'confirm' }, responseCallback: http.expectedStatuses(200, 503) })
+      : http.del(url, null, { tags: { name: 'release' }, responseCallback: http.expectedStatuses(200, 503) });
+    if (res.status !== 503) {
+      check(res, { 'confirm or release succeeds': (r) => r.status === 200 });
+      return;
+    }
+  }
+}
+
+export function teardown(data) {
+  const v = voucherState(data.code);
+  console.log(`voucher ${data.code}: reserved ${v && v.reserved}, confirmed ${v && v.confirmed}, usedCount ${v && v.usedCount}`);
+}
+
+export function handleSummary(data) {
+  return { stdout: summary(data) };
+}

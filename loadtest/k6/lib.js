@@ -1,0 +1,126 @@
+// Shared by the k6 scripts: configuration from environment variables, voucher creation,
+// one reservation with its outcome counted by error code, and the end-of-run summary.
+//
+//   BASE_URL     where clients send reservations (the edge)     default http://127.0.0.1:8080
+//   ADMIN_URL    where admin calls go (a core)                   default http://127.0.0.1:8081
+//   ADMIN_TOKEN  bearer token of admin calls                     default dev-admin-token
+//   CODE         use this existing voucher instead of creating one
+import http from 'k6/http';
+import { Counter, Rate, Trend } from 'k6/metrics';
+
+export const BASE_URL = __ENV.BASE_URL || 'http://127.0.0.1:8080';
+export const ADMIN_URL = __ENV.ADMIN_URL || 'http://127.0.0.1:8081';
+export const ADMIN_TOKEN = __ENV.ADMIN_TOKEN || 'dev-admin-token';
+const JSON_HEADERS = { 'Content-Type': 'application/json' };
+
+// Outcomes of reservations, one counter per code so the summary can print them.
+export const issued = new Counter('voucher_issued');
+export const retried = new Counter('voucher_retried');
+const byCode = {
+  OUT_OF_STOCK: new Counter('voucher_rejected_out_of_stock'),
+  ALREADY_USED: new Counter('voucher_rejected_already_used'),
+  NOT_ELIGIBLE: new Counter('voucher_rejected_not_eligible'),
+  SERVICE_UNAVAILABLE: new Counter('voucher_rejected_unavailable'),
+};
+const otherRejections = new Counter('voucher_rejected_other');
+// Answers no correct run should give: 5xx other than 503, 4xx other than the expected ones.
+export const unexpected = new Rate('voucher_unexpected');
+export const acceptedLatency = new Trend('voucher_accepted_duration', true);
+export const rejectedLatency = new Trend('voucher_rejected_duration', true);
+
+/** Creates a voucher valid for a day (unless CODE is set) and returns its code. */
+export function createVoucher(prefix, totalLimit, perUserLimit, mode) {
+  if (__ENV.CODE) {
+    return __ENV.CODE;
+  }
+  const code = `${prefix}${Date.now()}`.slice(0, 32);
+  const now = new Date();
+  const body = {
+    code,
+    discountAmount: 100000,
+    minOrderAmount: 0,
+    totalLimit,
+    perUserLimit,
+    startsAt: new Date(now.getTime() - 60000).toISOString(),
+    endsAt: new Date(now.getTime() + 86400000).toISOString(),
+    mode,
+  };
+  const res = http.post(`${ADMIN_URL}/vouchers`, JSON.stringify(body), {
+    headers: { ...JSON_HEADERS, Authorization: `Bearer ${ADMIN_TOKEN}` },
+  });
+  if (res.status !== 201) {
+    throw new Error(`creating ${code}: ${res.status} ${res.body}`);
+  }
+  return code;
+}
+
+/** One reservation; counts its outcome. Returns the response. */
+export function reserve(code, customerId, orderId, expectedCodes) {
+  const res = http.post(
+    `${BASE_URL}/vouchers/${code}/reservations`,
+    JSON.stringify({ customerId, orderId, orderAmount: 250000 }),
+    { headers: JSON_HEADERS, tags: { name: 'reserve' }, responseCallback: http.expectedStatuses(201, 409, 422, 503) },
+  );
+  if (res.status === 201) {
+    if (res.headers['Idempotent-Replayed'] === 'true') {
+      retried.add(1);
+    } else {
+      issued.add(1);
+    }
+    acceptedLatency.add(res.timings.duration);
+    unexpected.add(false);
+    return res;
+  }
+  rejectedLatency.add(res.timings.duration);
+  let error = 'UNREADABLE';
+  try {
+    error = res.json('error');
+  } catch (_) {
+    // not JSON: counted as other
+  }
+  (byCode[error] || otherRejections).add(1);
+  unexpected.add(!(expectedCodes || ['OUT_OF_STOCK', 'ALREADY_USED', 'SERVICE_UNAVAILABLE']).includes(error));
+  return res;
+}
+
+/** The voucher as the service reports it. */
+export function voucherState(code) {
+  const res = http.get(`${BASE_URL}/vouchers/${code}`, { tags: { name: 'get_voucher' } });
+  return res.status === 200 ? res.json() : null;
+}
+
+function count(data, name) {
+  const m = data.metrics[name];
+  return m ? m.values.count : 0;
+}
+
+function trend(data, name, stat) {
+  const m = data.metrics[name];
+  return m && m.values[stat] !== undefined ? m.values[stat].toFixed(1) : '-';
+}
+
+/** A plain-text summary: offered vs achieved load, issued uses, rejections by code, latency. */
+export function summary(data) {
+  const iterations = count(data, 'iterations');
+  const dropped = count(data, 'dropped_iterations');
+  const seconds = data.state.testRunDurationMs / 1000;
+  const lines = [
+    '',
+    `requests sent        ${iterations} in ${seconds.toFixed(1)} s (${(iterations / seconds).toFixed(0)}/s achieved), dropped iterations ${dropped}`,
+    `issued uses          ${count(data, 'voucher_issued')} (+ ${count(data, 'voucher_retried')} retries answered with their first 201)`,
+    `OUT_OF_STOCK         ${count(data, 'voucher_rejected_out_of_stock')}`,
+    `ALREADY_USED         ${count(data, 'voucher_rejected_already_used')}`,
+    `NOT_ELIGIBLE         ${count(data, 'voucher_rejected_not_eligible')}`,
+    `SERVICE_UNAVAILABLE  ${count(data, 'voucher_rejected_unavailable')}`,
+    `other rejections     ${count(data, 'voucher_rejected_other')}`,
+    `accepted latency ms  p50 ${trend(data, 'voucher_accepted_duration', 'med')}  p99 ${trend(data, 'voucher_accepted_duration', 'p(99)')}  max ${trend(data, 'voucher_accepted_duration', 'max')}`,
+    `rejected latency ms  p50 ${trend(data, 'voucher_rejected_duration', 'med')}  p99 ${trend(data, 'voucher_rejected_duration', 'p(99)')}  max ${trend(data, 'voucher_rejected_duration', 'max')}`,
+  ];
+  const failed = Object.entries(data.metrics)
+    .filter(([, m]) => m.thresholds && Object.values(m.thresholds).some((t) => !t.ok))
+    .map(([name]) => name);
+  lines.push(failed.length ? `thresholds FAILED: ${failed.join(', ')}` : 'thresholds passed');
+  return lines.join('\n') + '\n';
+}
+
+export const summaryTrendStats = ['med', 'p(95)', 'p(99)', 'max'];

@@ -1,0 +1,219 @@
+//! The Grafana dashboards against a real Prometheus: every panel's query must return
+//! series for the running stack after a short k6 run (which doubles as CI's k6 smoke,
+//! with its thresholds).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use voucher_testkit::stack::flash_voucher;
+
+use super::{free_port, Stack, TempDir};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Every PromQL expression of every dashboard in `dashboards/grafana/`, with its panel.
+fn panel_queries() -> Vec<(String, String)> {
+    let mut queries = Vec::new();
+    let dir = repo().join("dashboards/grafana");
+    for entry in std::fs::read_dir(&dir).expect("dashboards directory") {
+        let path = entry.expect("entry").path();
+        if path.extension().and_then(|e| e.to_str()) != Some("json") {
+            continue;
+        }
+        let dashboard: Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).expect("readable"))
+                .expect("valid JSON");
+        for panel in dashboard["panels"].as_array().expect("panels") {
+            for target in panel["targets"].as_array().into_iter().flatten() {
+                let expr = target["expr"].as_str().expect("every target has an expr");
+                // Template variables as Grafana would fill them with "All".
+                let expr = expr
+                    .replace("$voucher", ".+")
+                    .replace("$__rate_interval", "1m");
+                queries.push((panel["title"].as_str().unwrap_or("?").to_owned(), expr));
+            }
+        }
+    }
+    assert!(queries.len() >= 16, "dashboards found: {queries:?}");
+    queries
+}
+
+/// A Prometheus of the test's own, scraping the stack every second. Killed when dropped.
+struct Prometheus {
+    child: std::process::Child,
+    base: String,
+    _dir: TempDir,
+}
+
+impl Prometheus {
+    async fn start(edge_metrics: &str, core_metrics: &[&str]) -> Self {
+        let dir = TempDir(
+            std::env::temp_dir().join(format!("vt-prom-{}", uuid::Uuid::new_v4().simple())),
+        );
+        std::fs::create_dir_all(&dir.0).expect("prometheus dir");
+        let targets = |list: &[&str]| {
+            list.iter()
+                .map(|t| format!("\"{t}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let config = format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  \
+             - job_name: voucher-edge\n    static_configs:\n      - targets: [{}]\n  \
+             - job_name: voucher-core\n    static_configs:\n      - targets: [{}]\n",
+            targets(&[edge_metrics]),
+            targets(core_metrics)
+        );
+        let config_path = dir.0.join("prometheus.yml");
+        std::fs::write(&config_path, config).expect("config written");
+        let port = free_port();
+        let child =
+            Command::new(std::env::var("PROMETHEUS").unwrap_or_else(|_| "prometheus".into()))
+                .arg(format!("--config.file={}", config_path.display()))
+                .arg(format!(
+                    "--storage.tsdb.path={}",
+                    dir.0.join("data").display()
+                ))
+                .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect(
+                    "prometheus must be installed (scripts/test.sh installs the Debian package)",
+                );
+        let prometheus = Self {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            _dir: dir,
+        };
+        let client = reqwest::Client::new();
+        for _ in 0..200 {
+            if let Ok(r) = client
+                .get(format!("{}/-/ready", prometheus.base))
+                .send()
+                .await
+            {
+                if r.status().is_success() {
+                    return prometheus;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("prometheus did not become ready");
+    }
+
+    /// `Ok(series count)` or the error Prometheus gave.
+    async fn query(&self, expr: &str) -> Result<usize, String> {
+        let resp: Value = reqwest::Client::new()
+            .get(format!("{}/api/v1/query", self.base))
+            .query(&[("query", expr)])
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .json()
+            .await
+            .map_err(|e| e.to_string())?;
+        if resp["status"] != "success" {
+            return Err(format!("{}: {}", resp["errorType"], resp["error"]));
+        }
+        Ok(resp["data"]["result"].as_array().map_or(0, Vec::len))
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_dashboard_panel_returns_series_after_a_short_k6_sale() {
+    let stack = Stack::start_with(2000, |s| {
+        // Reconciliation exports the gate's remaining uses and the drift: run it often.
+        s.flash.reconcile_enabled = true;
+        s.flash.reconcile_interval_ms = 500;
+    })
+    .await;
+    let edge_metrics = stack
+        .edge
+        .metrics_base
+        .trim_start_matches("http://")
+        .to_owned();
+    let core_metrics: Vec<String> = stack
+        .cores
+        .iter()
+        .map(|c| c.metrics_base.trim_start_matches("http://").to_owned())
+        .collect();
+    let core_refs: Vec<&str> = core_metrics.iter().map(String::as_str).collect();
+    let prometheus = Prometheus::start(&edge_metrics, &core_refs).await;
+    stack.cores[0]
+        .given_voucher(flash_voucher("DASH", 300, 1))
+        .await;
+
+    // A short k6 flash sale through the edge; its thresholds must pass (the CI smoke).
+    let k6 = Command::new(std::env::var("K6").unwrap_or_else(|_| "k6".into()))
+        .args(["run", "--quiet", "loadtest/k6/flash-sale.js"])
+        .current_dir(repo())
+        .env("BASE_URL", &stack.edge.api.base)
+        .env("ADMIN_URL", &stack.cores[0].base)
+        .env("CODE", "DASH")
+        .env("RATE", "200")
+        .env("DURATION", "5s")
+        .env("VUS", "50")
+        .output()
+        .expect("k6 must be installed (scripts/test.sh installs it)");
+    let report = String::from_utf8_lossy(&k6.stdout);
+    println!("{report}{}", String::from_utf8_lossy(&k6.stderr));
+    assert!(k6.status.success(), "k6 thresholds failed:\n{report}");
+    assert!(report.contains("issued uses          300"), "{report}");
+
+    // Every query of every panel, retried while Prometheus scrapes (bounded).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut pending = panel_queries();
+    let mut last_errors = Vec::new();
+    while !pending.is_empty() && Instant::now() < deadline {
+        last_errors.clear();
+        let mut still = Vec::new();
+        for (panel, expr) in pending {
+            match prometheus.query(&expr).await {
+                Ok(n) if n > 0 => {}
+                Ok(_) => {
+                    last_errors.push(format!("{panel}: no series for {expr}"));
+                    still.push((panel, expr));
+                }
+                Err(e) => panic!("{panel}: query error {e} for {expr}"),
+            }
+        }
+        pending = still;
+        if !pending.is_empty() {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    assert!(
+        pending.is_empty(),
+        "panels without series:\n{}",
+        last_errors.join("\n")
+    );
+    let accepted: Vec<voucher_core::invariants::Accepted> = sqlx::query_as::<_, (String, String)>(
+        "SELECT customer_id, order_id FROM redemptions WHERE voucher_code = 'DASH'",
+    )
+    .fetch_all(&stack.pool)
+    .await
+    .expect("rows")
+    .into_iter()
+    .map(
+        |(customer_id, order_id)| voucher_core::invariants::Accepted {
+            voucher_code: "DASH".into(),
+            customer_id,
+            order_id,
+        },
+    )
+    .collect();
+    assert_eq!(accepted.len(), 300);
+    stack.finish(&accepted).await;
+}
