@@ -12,25 +12,7 @@ API=http://127.0.0.1:8080        # the edge: what clients call
 CORE=http://127.0.0.1:8081       # core 1 (admin calls go to a core, never through the edge)
 TOKEN=${VOUCHER__ADMIN__TOKEN:-dev-admin-token}
 
-ensure_build_tools
-ensure_postgres
-ensure_redis
-ensure_database vouchers
-start_broker 9092
-
-log "building voucher-core and voucher-edge (release; the first build takes several minutes)"
-cargo build --release -p voucher-core -p voucher-edge
-
-log "starting two cores on :8081 and :8082 (metrics :9181, :9182)"
-start_bg core env VOUCHER_CONFIG=config/core.toml ./target/release/voucher-core
-wait_for_port 127.0.0.1 8081 60
-start_bg core2 env VOUCHER_CONFIG=config/core.toml VOUCHER__HTTP__LISTEN=127.0.0.1:8082 \
-  VOUCHER__HTTP__METRICS_LISTEN=127.0.0.1:9182 ./target/release/voucher-core
-wait_for_port 127.0.0.1 8082 60
-log "starting the edge on :8080 (metrics :9180)"
-start_bg edge env EDGE_CONFIG=config/edge.yaml ./target/release/voucher-edge
-wait_for_port 127.0.0.1 8080 30
-sleep 1  # first health check of the cores
+start_stack
 
 code="DEMO$(date +%s)"
 now=$(date -u +%FT%TZ); end=$(date -u -d '+1 day' +%FT%TZ)

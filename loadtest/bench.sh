@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The benchmark: brings the stack up (release builds), runs voucher-bench against it and
+# writes reports/bench/REPORT.md with its plots. Takes a few minutes.
+#   STEP_SECS=3 SALE_RATES=5000,10000,20000 ./loadtest/bench.sh
+. "$(dirname "$0")/../scripts/lib.sh"
+cd "$ROOT"
+
+OUT=${OUT:-reports/bench}
+start_stack
+cargo build --release -p voucher-bench
+mkdir -p "$OUT"
+./target/release/voucher-bench "$OUT"
+
+log "plots"
+python3 -c 'import matplotlib' 2>/dev/null || pip install -q matplotlib
+python3 loadtest/plot.py "$OUT"
+log "report: $OUT/REPORT.md"

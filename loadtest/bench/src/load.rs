@@ -1,0 +1,203 @@
+//! An open-model HTTP load generator: requests are scheduled at a constant arrival rate,
+//! whatever the server's latency, and each latency is measured from the request's
+//! *scheduled* time, so a server that stalls is charged for the queue it causes
+//! (no coordinated omission). Requests that start late say the generator itself could
+//! not keep up; the report shows them next to the achieved rate.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+/// Builds request number `i` (method, path, body).
+pub type RequestFn = Arc<dyn Fn(u64) -> (hyper::Method, String, Option<Bytes>) + Send + Sync>;
+
+pub struct Plan {
+    pub target: SocketAddr,
+    /// Requests per second offered.
+    pub rate: u64,
+    pub duration: Duration,
+    /// Keep-alive connections; each carries one request at a time.
+    pub connections: usize,
+    pub request: RequestFn,
+}
+
+/// One answered (or failed) request.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample {
+    /// When it was scheduled, from the start of the run.
+    pub at: Duration,
+    /// From its scheduled time to the end of the response.
+    pub latency: Duration,
+    /// 0 when the request failed without an answer.
+    pub status: u16,
+    /// Whether the answer came from the edge itself (`x-served-by: edge`).
+    pub by_edge: bool,
+}
+
+#[derive(Debug)]
+pub struct Outcome {
+    pub offered: u64,
+    pub samples: Vec<Sample>,
+    /// Requests sent more than `LATE` after their scheduled time.
+    pub late: u64,
+    pub elapsed: Duration,
+    /// Generator CPU time over wall time (1.0 = one core busy).
+    pub generator_cpu: f64,
+}
+
+/// A start later than this means the generator fell behind.
+const LATE: Duration = Duration::from_millis(10);
+
+impl Outcome {
+    pub fn completed(&self) -> u64 {
+        self.samples.iter().filter(|s| s.status != 0).count() as u64
+    }
+
+    pub fn errors(&self) -> u64 {
+        self.samples.iter().filter(|s| s.status == 0).count() as u64
+    }
+
+    pub fn achieved_rate(&self) -> f64 {
+        self.completed() as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// Latency percentile (0..=100) of the samples `keep` selects, in milliseconds.
+    pub fn percentile(&self, p: f64, keep: impl Fn(&Sample) -> bool) -> Option<f64> {
+        let mut v: Vec<Duration> = self.samples.iter().filter(|s| keep(s)).map(|s| s.latency).collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_unstable();
+        let idx = ((p / 100.0) * (v.len() - 1) as f64).round() as usize;
+        Some(v[idx.min(v.len() - 1)].as_secs_f64() * 1000.0)
+    }
+
+    pub fn count(&self, keep: impl Fn(&Sample) -> bool) -> u64 {
+        self.samples.iter().filter(|s| keep(s)).count() as u64
+    }
+
+    /// Kept up: the load was offered (few late starts, rate achieved) and answered.
+    pub fn sustained(&self, p99_limit_ms: f64) -> bool {
+        let offered_ok = self.achieved_rate() >= 0.97 * self.offered as f64 / self.elapsed_planned();
+        let late_ok = (self.late as f64) <= 0.01 * self.offered as f64;
+        let p99_ok = self.percentile(99.0, |s| s.status != 0).is_some_and(|p| p < p99_limit_ms);
+        offered_ok && late_ok && p99_ok && self.errors() == 0
+    }
+
+    fn elapsed_planned(&self) -> f64 {
+        self.elapsed.as_secs_f64().max(0.001)
+    }
+}
+
+fn cpu_seconds() -> f64 {
+    // utime + stime of this process, in clock ticks (100 per second on Linux).
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            let after = s.rsplit_once(')')?.1.split_whitespace().collect::<Vec<_>>();
+            let utime: f64 = after.get(11)?.parse().ok()?;
+            let stime: f64 = after.get(12)?.parse().ok()?;
+            Some((utime + stime) / 100.0)
+        })
+        .unwrap_or(0.0)
+}
+
+/// Runs the plan and returns every sample.
+pub async fn run(plan: Plan) -> anyhow::Result<Outcome> {
+    let total = plan.rate * plan.duration.as_secs_f64() as u64;
+    let interval = Duration::from_secs_f64(1.0 / plan.rate as f64);
+    let next = Arc::new(AtomicU64::new(0));
+    let late = Arc::new(AtomicU64::new(0));
+    let cpu_before = cpu_seconds();
+    let start = Instant::now() + Duration::from_millis(50);
+    let mut tasks = Vec::with_capacity(plan.connections);
+    for _ in 0..plan.connections {
+        let (next, late, request) = (next.clone(), late.clone(), plan.request.clone());
+        let target = plan.target;
+        tasks.push(tokio::spawn(async move {
+            let mut samples = Vec::new();
+            let mut sender = None;
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= total {
+                    return samples;
+                }
+                let scheduled = start + interval.mul_f64(i as f64);
+                let now = Instant::now();
+                if scheduled > now {
+                    tokio::time::sleep_until(scheduled.into()).await;
+                } else if now - scheduled > LATE {
+                    late.fetch_add(1, Ordering::Relaxed);
+                }
+                let (method, path, body) = request(i);
+                let (status, by_edge) = match send(&mut sender, target, method, &path, body).await {
+                    Ok(answer) => answer,
+                    Err(_) => {
+                        sender = None; // reconnect for the next one
+                        (0, false)
+                    }
+                };
+                samples.push(Sample {
+                    at: scheduled.saturating_duration_since(start),
+                    latency: Instant::now().saturating_duration_since(scheduled),
+                    status,
+                    by_edge,
+                });
+            }
+        }));
+    }
+    let mut samples = Vec::with_capacity(total as usize);
+    for task in tasks {
+        samples.extend(task.await?);
+    }
+    let elapsed = Instant::now().saturating_duration_since(start);
+    let generator_cpu = (cpu_seconds() - cpu_before) / elapsed.as_secs_f64();
+    Ok(Outcome {
+        offered: total,
+        samples,
+        late: late.load(Ordering::Relaxed),
+        elapsed,
+        generator_cpu,
+    })
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+async fn send(
+    sender: &mut Option<Sender>,
+    target: SocketAddr,
+    method: hyper::Method,
+    path: &str,
+    body: Option<Bytes>,
+) -> anyhow::Result<(u16, bool)> {
+    if sender.as_ref().is_none_or(|s| s.is_closed()) {
+        let stream = TcpStream::connect(target).await?;
+        stream.set_nodelay(true)?;
+        let (s, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(conn);
+        *sender = Some(s);
+    }
+    let s = sender.as_mut().ok_or_else(|| anyhow::anyhow!("no connection"))?;
+    s.ready().await?;
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", target.to_string());
+    if body.is_some() {
+        req = req.header("content-type", "application/json");
+    }
+    let req = req.body(Full::new(body.unwrap_or_default()))?;
+    let resp = s.send_request(req).await?;
+    let status = resp.status().as_u16();
+    let by_edge = resp.headers().contains_key("x-served-by");
+    // Read the whole body so the connection can carry the next request.
+    resp.into_body().collect().await?;
+    Ok((status, by_edge))
+}

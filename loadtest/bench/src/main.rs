@@ -1,0 +1,401 @@
+//! voucher-bench: runs the comparisons of DESIGN.md against the running stack (started by
+//! `loadtest/bench.sh`) and writes a Markdown report with the ratio table, plus CSV files
+//! for the plots.
+//!
+//!   voucher-bench OUT_DIR          the benchmark
+//!   voucher-bench bare-409 ADDR    the bare 409 server it compares the edge with
+
+mod bare;
+mod load;
+mod probe;
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use load::{Outcome, Plan};
+use probe::{peak_rss_mib, reserve_body, Stack};
+
+/// Seconds of load per step of a ladder.
+fn step() -> Duration {
+    Duration::from_secs(std::env::var("STEP_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(3))
+}
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.into())
+}
+
+fn ladder(name: &str, default: &str) -> Vec<u64> {
+    env_or(name, default).split(',').filter_map(|v| v.trim().parse().ok()).collect()
+}
+
+/// One step of a ladder, summarised.
+struct Step {
+    rate: u64,
+    outcome: Outcome,
+    note: String,
+}
+
+impl Step {
+    fn line(&self) -> String {
+        let o = &self.outcome;
+        format!(
+            "| {} | {:.0} | {} | {} | {} | {} | {:.2} | {}{} |",
+            self.rate,
+            o.achieved_rate(),
+            o.late,
+            o.errors(),
+            fmt_ms(o.percentile(50.0, |s| s.status != 0)),
+            fmt_ms(o.percentile(99.0, |s| s.status != 0)),
+            o.generator_cpu,
+            if o.sustained(100.0) { "yes" } else { "no" },
+            if self.note.is_empty() { String::new() } else { format!("; {}", self.note) },
+        )
+    }
+}
+
+fn fmt_ms(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.2} ms"))
+}
+
+const STEP_HEADER: &str = "| offered/s | achieved/s | late starts | errors | p50 | p99 | generator CPU (cores) | sustained |\n|---|---|---|---|---|---|---|---|";
+
+fn reserve_plan(target: SocketAddr, rate: u64, code: &str, tag: &'static str) -> Plan {
+    let code = code.to_owned();
+    Plan {
+        target,
+        rate,
+        duration: step(),
+        connections: 256,
+        request: Arc::new(move |i| {
+            (hyper::Method::POST, format!("/vouchers/{code}/reservations"), Some(reserve_body(&code, i, tag)))
+        }),
+    }
+}
+
+/// Climbs a ladder of rates until a step is not sustained; returns every step run.
+async fn climb<F, Fut>(rates: &[u64], mut run_step: F) -> anyhow::Result<Vec<Step>>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Step>>,
+{
+    let mut steps = Vec::new();
+    for &rate in rates {
+        let step = run_step(rate).await?;
+        let ok = step.outcome.sustained(100.0);
+        eprintln!("  {rate}/s: {}", step.line());
+        steps.push(step);
+        if !ok {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(steps)
+}
+
+fn best(steps: &[Step]) -> Option<&Step> {
+    steps.iter().filter(|s| s.outcome.sustained(100.0)).next_back()
+}
+
+fn best_rate(steps: &[Step]) -> f64 {
+    best(steps).map_or(0.0, |s| s.outcome.achieved_rate())
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("bare-409") {
+        let addr = args.get(2).ok_or_else(|| anyhow::anyhow!("bare-409 ADDR"))?.parse()?;
+        return bare::serve(addr).await;
+    }
+    let out = std::path::PathBuf::from(args.get(1).cloned().unwrap_or_else(|| "reports/bench".into()));
+    std::fs::create_dir_all(&out)?;
+    let stack = Stack {
+        http: reqwest::Client::new(),
+        edge: env_or("EDGE", "127.0.0.1:8080"),
+        core: env_or("CORE", "127.0.0.1:8081"),
+        core_metrics: env_or("CORE_METRICS", "127.0.0.1:9181,127.0.0.1:9182").split(',').map(str::to_owned).collect(),
+        token: env_or("ADMIN_TOKEN", "dev-admin-token"),
+        db: sqlx::PgPool::connect(&env_or("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/vouchers")).await?,
+    };
+    let edge: SocketAddr = stack.edge.parse()?;
+    let core: SocketAddr = stack.core.parse()?;
+    let run_id = chrono::Utc::now().format("%H%M%S").to_string();
+    let mut report = String::new();
+    let mut table = Vec::new();
+
+    // 1. The flash sale through the edge: 1,000 uses, climbing to the highest rate sustained.
+    eprintln!("flash sale through the edge");
+    let sale_details = std::sync::Mutex::new(Vec::new());
+    let flash_steps = climb(&ladder("SALE_RATES", "5000,10000,20000,30000,40000,50000"), |rate| {
+        let (stack, run_id, sale_details) = (&stack, &run_id, &sale_details);
+        async move {
+            let code = format!("S{run_id}R{rate}");
+            stack.create_voucher(&code, 1000, "flash").await?;
+            let (oos0, tx0, ctx0) = (
+                stack.core_counter("http_requests_total", &["OUT_OF_STOCK", "/reservations\""]).await?,
+                stack.xact_commit().await?,
+                stack.core_counter("voucher_consumer_transactions_total", &[]).await?,
+            );
+            let outcome = load::run(reserve_plan(edge, rate, &code, "s")).await?;
+            let issued = outcome.count(|s| s.status == 201);
+            let (rows, used) = stack.wait_recorded(&code, issued as i64).await?;
+            let (oos1, tx1, ctx1) = (
+                stack.core_counter("http_requests_total", &["OUT_OF_STOCK", "/reservations\""]).await?,
+                stack.xact_commit().await?,
+                stack.core_counter("voucher_consumer_transactions_total", &[]).await?,
+            );
+            let note = format!("issued {issued}, rows {rows}, used_count {used}");
+            if let Ok(mut d) = sale_details.lock() {
+                d.push((rate, issued, rows, used, oos1 - oos0, tx1 - tx0, ctx1 - ctx0));
+            }
+            Ok(Step { rate, outcome, note })
+        }
+    })
+    .await?;
+    let sale = best(&flash_steps).or(flash_steps.first());
+    if let Some(s) = sale {
+        let o = &s.outcome;
+        let d = sale_details
+            .lock()
+            .ok()
+            .and_then(|d| d.iter().find(|d| d.0 == s.rate).copied())
+            .unwrap_or_default();
+        write_samples(&out.join("flash-sale-samples.csv"), o)?;
+        table.push(format!(
+            "| Flash sale, 1,000 uses, through the edge (ours) | highest sustained rate {:.0}/s (offered {}/s, {} late starts, generator {:.2} cores) | target 50,000/s | {:.2} of target | issued {} (must be 1,000), rows {} |",
+            o.achieved_rate(), s.rate, o.late, o.generator_cpu, o.achieved_rate() / 50_000.0, d.1, d.2
+        ));
+        table.push(format!(
+            "| Flash sale latency, accepted (201) | p50 {} / p99 {} / max {} | p99 < 100 ms | {} | |",
+            fmt_ms(o.percentile(50.0, |x| x.status == 201)),
+            fmt_ms(o.percentile(99.0, |x| x.status == 201)),
+            fmt_ms(o.percentile(100.0, |x| x.status == 201)),
+            ratio_to_limit(o.percentile(99.0, |x| x.status == 201))
+        ));
+        table.push(format!(
+            "| Flash sale latency, rejected (409) | p50 {} / p99 {} / max {} | p99 < 100 ms | {} | {} answered by the edge of {} |",
+            fmt_ms(o.percentile(50.0, |x| x.status == 409)),
+            fmt_ms(o.percentile(99.0, |x| x.status == 409)),
+            fmt_ms(o.percentile(100.0, |x| x.status == 409)),
+            ratio_to_limit(o.percentile(99.0, |x| x.status == 409)),
+            o.count(|x| x.by_edge),
+            o.count(|x| x.status == 409)
+        ));
+        table.push(format!(
+            "| Requests that reached a core after the sell-out | {:.0} | {} requests sent | {:.4} of requests | flags last 2 s; each renewal forwards until the order list is in |",
+            d.4, o.offered, d.4 / o.offered as f64
+        ));
+        table.push(format!(
+            "| PostgreSQL transactions for the sale | {} commits in the database ({:.0} by the consumer) | 1,000 uses | {:.3} transactions per use | |",
+            d.5, d.6, d.5 as f64 / 1000.0
+        ));
+    }
+    write_steps(&mut report, "Flash sale ladder (1,000-use flash voucher per step, through the edge; ours)", &flash_steps);
+
+    // 2. The edge's reject path against a bare server answering the same 409.
+    eprintln!("edge reject path vs bare 409 server");
+    let code = format!("X{run_id}");
+    stack.create_voucher(&code, 1, "flash").await?;
+    stack.flag_sold_out(&code).await?;
+    let reject_rates = ladder("REJECT_RATES", "10000,20000,30000,40000,50000,60000");
+    let edge_steps = climb(&reject_rates, |rate| {
+        let code = code.clone();
+        async move {
+            let outcome = load::run(reserve_plan(edge, rate, &code, "x")).await?;
+            let note = format!("{} answered by the edge", outcome.count(|s| s.by_edge));
+            Ok(Step { rate, outcome, note })
+        }
+    })
+    .await?;
+    let bare_addr: SocketAddr = "127.0.0.1:18409".parse()?;
+    let mut bare = Command::new(std::env::current_exe()?)
+        .args(["bare-409", &bare_addr.to_string()])
+        .stdout(Stdio::null())
+        .spawn()?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let bare_steps = climb(&reject_rates, |rate| {
+        let code = code.clone();
+        async move {
+            let outcome = load::run(reserve_plan(bare_addr, rate, &code, "b")).await?;
+            Ok(Step { rate, outcome, note: String::new() })
+        }
+    })
+    .await;
+    let _ = bare.kill();
+    let _ = bare.wait();
+    let bare_steps = bare_steps?;
+    table.push(format!(
+        "| Edge reject path (sold-out flag) vs bare HTTP server answering the same 409 (ours, both) | {:.0}/s | {:.0}/s | {:.2} | the limit for the edge on this box |",
+        best_rate(&edge_steps), best_rate(&bare_steps), best_rate(&edge_steps) / best_rate(&bare_steps).max(1.0)
+    ));
+    write_steps(&mut report, "Edge reject path ladder (ours)", &edge_steps);
+    write_steps(&mut report, "Bare 409 server ladder (ours)", &bare_steps);
+
+    // 3. Accepting reservations on one hot voucher, straight to a core: flash vs standard.
+    eprintln!("flash gate path vs standard PostgreSQL path, accepting, on one hot voucher");
+    let accept_rates = ladder("ACCEPT_RATES", "250,500,1000,1500,2000,3000,4000");
+    let mut hot = Vec::new();
+    for mode in ["standard", "flash"] {
+        let code = format!("H{}{run_id}", &mode[..1]);
+        stack.create_voucher(&code, 10_000_000, mode).await?;
+        let steps = climb(&accept_rates, |rate| {
+            let code = code.clone();
+            async move {
+                let outcome = load::run(reserve_plan(core, rate, &code, if rate % 2 == 0 { "a" } else { "b" })).await?;
+                let note = format!("{} accepted", outcome.count(|s| s.status == 201));
+                Ok(Step { rate, outcome, note })
+            }
+        })
+        .await?;
+        hot.push((mode, steps));
+    }
+    let (std_best, flash_best) = (best_rate(&hot[0].1), best_rate(&hot[1].1));
+    table.push(format!(
+        "| Accepting on one hot voucher, at a core: flash gate path vs standard PostgreSQL path (ours) | {flash_best:.0}/s | {std_best:.0}/s | {:.2} | flash = Redis script + Kafka acks=all per use |",
+        flash_best / std_best.max(1.0)
+    ));
+    for (mode, steps) in &hot {
+        write_steps(&mut report, &format!("Hot voucher, {mode} mode, accepting, at a core (ours)"), steps);
+    }
+
+    // 4. The gate against redis-benchmark running the same script.
+    eprintln!("gate vs redis-benchmark");
+    let gate_rows = gate_vs_redis_benchmark(&run_id).await?;
+    table.extend(gate_rows);
+
+    // 5. Peak memory.
+    let (edge_rss, core_rss) = (peak_rss_mib("run/edge.pid"), peak_rss_mib("run/core.pid"));
+    table.push(format!(
+        "| Peak RSS (VmHWM) after all runs | edge {} MiB, core {} MiB | | | |",
+        edge_rss.map_or("?".into(), |v| format!("{v:.1}")),
+        core_rss.map_or("?".into(), |v| format!("{v:.1}"))
+    ));
+
+    let mut md = String::new();
+    writeln!(md, "# Benchmark report\n")?;
+    writeln!(md, "- when: {}", chrono::Utc::now().to_rfc3339())?;
+    writeln!(md, "- machine: {}", probe::machine())?;
+    writeln!(md, "- command: `./loadtest/bench.sh` (steps of {} s; ladders in the environment: SALE_RATES, REJECT_RATES, ACCEPT_RATES)", step().as_secs())?;
+    writeln!(md, "- generator: `voucher-bench` (open model: constant arrival rate, latency from the scheduled time; \"late starts\" count requests the generator itself sent > 10 ms late) unless a row says redis-benchmark")?;
+    writeln!(md, "- a step is *sustained* when achieved >= 97% of offered, late starts <= 1%, no errors and p99 < 100 ms\n")?;
+    writeln!(md, "| measure | ours | baseline / limit | ratio | notes |\n|---|---|---|---|---|")?;
+    for row in &table {
+        writeln!(md, "{row}")?;
+    }
+    writeln!(md, "\n![latency over time](flash-sale-latency.png)\n\n![issued uses over time](flash-sale-issued.png)\n")?;
+    md.push_str(&report);
+    std::fs::write(out.join("REPORT.md"), &md)?;
+    println!("{md}");
+    Ok(())
+}
+
+fn ratio_to_limit(p99: Option<f64>) -> String {
+    p99.map_or("-".into(), |p| format!("{:.2} of the limit", p / 100.0))
+}
+
+fn write_steps(report: &mut String, title: &str, steps: &[Step]) {
+    let _ = writeln!(report, "\n## {title}\n\n{STEP_HEADER}");
+    for s in steps {
+        let _ = writeln!(report, "{}", s.line());
+    }
+}
+
+fn write_samples(path: &std::path::Path, o: &Outcome) -> anyhow::Result<()> {
+    let mut csv = String::from("at_ms,latency_ms,status,by_edge\n");
+    for s in &o.samples {
+        let _ = writeln!(
+            csv,
+            "{:.3},{:.3},{},{}",
+            s.at.as_secs_f64() * 1000.0,
+            s.latency.as_secs_f64() * 1000.0,
+            s.status,
+            u8::from(s.by_edge)
+        );
+    }
+    std::fs::write(path, csv)?;
+    Ok(())
+}
+
+/// Our gate client (the redis crate, from this process) against redis-benchmark, both
+/// running `lua/reserve.lua` on the same kind of state: accepting, and sold out.
+async fn gate_vs_redis_benchmark(run_id: &str) -> anyhow::Result<Vec<String>> {
+    use voucher_core::domain::{CustomerId, Money, OrderId, ReservationRequest, Voucher, VoucherCode, VoucherMode};
+    use voucher_core::gate::{Gate, GateLoad};
+    let redis_url = env_or("REDIS_URL", "redis://127.0.0.1:6379/");
+    let prefix = format!("bench{run_id}:");
+    let gate = Gate::connect(&redis_url, &prefix, Duration::from_secs(2)).await?;
+    let source = include_str!("../../../lua/reserve.lua");
+    let sha = redis::Script::new(source).get_hash().to_owned();
+    let requests: u64 = env_or("GATE_REQUESTS", "200000").parse()?;
+    let now = chrono::Utc::now();
+    let mut rows = Vec::new();
+    for (label, remaining) in [("accepting", 100_000_000i64), ("sold out", 0)] {
+        let code = VoucherCode::parse(format!("G{}{run_id}", if remaining > 0 { "A" } else { "Z" })).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let voucher = Voucher {
+            code: code.clone(),
+            discount_amount: Money::positive("discountAmount", 100_000).map_err(|e| anyhow::anyhow!("{e:?}"))?,
+            min_order_amount: Money::not_negative("minOrderAmount", 0).map_err(|e| anyhow::anyhow!("{e:?}"))?,
+            total_limit: 100_000_000,
+            per_user_limit: 1,
+            starts_at: now - chrono::Duration::hours(1),
+            ends_at: now + chrono::Duration::days(1),
+            mode: VoucherMode::Flash,
+            created_at: now,
+        };
+        gate.load(&voucher, &GateLoad { remaining, ..Default::default() }).await?;
+        // redis-benchmark: 50 clients, random order and customer ids.
+        let base = format!("{prefix}{{{}}}", code.as_str());
+        let output = Command::new("redis-benchmark")
+            .args(["-h", "127.0.0.1", "-p", "6379", "-c", "50", "-n", &requests.to_string(), "-r", "1000000000", "--csv"])
+            .args(["EVALSHA", &sha, "4"])
+            .arg(format!("{base}:meta"))
+            .arg(format!("{base}:remaining"))
+            .arg(format!("{base}:users"))
+            .arg(format!("{base}:orders"))
+            .args(["o-__rand_int__", "c-__rand_int__", "250000", &now.timestamp_millis().to_string(), "900000"])
+            .output()?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        let theirs: f64 = text
+            .lines()
+            .filter_map(|l| l.split("\",\"").nth(1).map(|v| v.trim_matches('"')).and_then(|v| v.parse().ok()))
+            .next()
+            .unwrap_or(0.0);
+        // Ours: the same script through the Gate, 50 concurrent callers.
+        let counter = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..50 {
+            let (gate, counter, code) = (gate.clone(), counter.clone(), code.clone());
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    let i = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= requests {
+                        return;
+                    }
+                    let (Ok(customer_id), Ok(order_id), Ok(order_amount)) = (
+                        CustomerId::parse(format!("gc{i}")),
+                        OrderId::parse(format!("go{i}")),
+                        Money::positive("orderAmount", 250_000),
+                    ) else {
+                        continue;
+                    };
+                    let request = ReservationRequest { voucher_code: code.clone(), customer_id, order_id, order_amount };
+                    let _ = gate.reserve(&request, chrono::Utc::now().timestamp_millis(), 900_000).await;
+                }
+            }));
+        }
+        for t in tasks {
+            t.await?;
+        }
+        let ours = requests as f64 / started.elapsed().as_secs_f64();
+        rows.push(format!(
+            "| Gate script, {label}: our gate client (50 callers) vs redis-benchmark (50 clients), same Lua script | {ours:.0}/s | {theirs:.0}/s (redis-benchmark) | {:.2} | the limit for the gate on this box |",
+            ours / theirs.max(1.0)
+        ));
+        gate.unload(&code).await?;
+    }
+    Ok(rows)
+}

@@ -1,0 +1,137 @@
+//! What the benchmark reads from the running stack: admin calls, metrics, PostgreSQL
+//! statistics, process memory.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+pub struct Stack {
+    pub http: reqwest::Client,
+    pub edge: String,
+    pub core: String,
+    pub core_metrics: Vec<String>,
+    pub token: String,
+    pub db: sqlx::PgPool,
+}
+
+impl Stack {
+    pub async fn create_voucher(&self, code: &str, total_limit: i64, mode: &str) -> anyhow::Result<()> {
+        let now = chrono::Utc::now();
+        let body = json!({
+            "code": code, "discountAmount": 100000, "minOrderAmount": 0,
+            "totalLimit": total_limit, "perUserLimit": 1,
+            "startsAt": (now - chrono::Duration::minutes(1)).to_rfc3339(),
+            "endsAt": (now + chrono::Duration::days(1)).to_rfc3339(),
+            "mode": mode,
+        });
+        let resp = self
+            .http
+            .post(format!("http://{}/vouchers", self.core))
+            .bearer_auth(&self.token)
+            .json(&body)
+            .send()
+            .await?;
+        anyhow::ensure!(resp.status().as_u16() == 201, "creating {code}: {}", resp.text().await?);
+        Ok(())
+    }
+
+    /// Sum of a counter over the cores, for the samples whose line contains every `needle`.
+    pub async fn core_counter(&self, name: &str, needles: &[&str]) -> anyhow::Result<f64> {
+        let mut total = 0.0;
+        for m in &self.core_metrics {
+            let text = self.http.get(format!("http://{m}/metrics")).send().await?.text().await?;
+            total += text
+                .lines()
+                .filter(|l| l.starts_with(name) && needles.iter().all(|n| l.contains(n)))
+                .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+                .sum::<f64>();
+        }
+        Ok(total)
+    }
+
+    /// Committed transactions of the vouchers database so far.
+    pub async fn xact_commit(&self) -> anyhow::Result<i64> {
+        let _ = sqlx::query("SELECT pg_stat_clear_snapshot()").execute(&self.db).await;
+        Ok(sqlx::query_scalar("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+            .fetch_one(&self.db)
+            .await?)
+    }
+
+    /// Rows and used_count of a voucher in PostgreSQL.
+    pub async fn recorded(&self, code: &str) -> anyhow::Result<(i64, i32)> {
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM redemptions WHERE voucher_code = $1")
+            .bind(code)
+            .fetch_one(&self.db)
+            .await?;
+        let used: i32 = sqlx::query_scalar("SELECT used_count FROM vouchers WHERE code = $1")
+            .bind(code)
+            .fetch_one(&self.db)
+            .await?;
+        Ok((rows, used))
+    }
+
+    /// Waits until PostgreSQL holds `expected` rows for the voucher (consumer caught up).
+    pub async fn wait_recorded(&self, code: &str, expected: i64) -> anyhow::Result<(i64, i32)> {
+        for _ in 0..300 {
+            let (rows, used) = self.recorded(code).await?;
+            if rows >= expected {
+                return Ok((rows, used));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.recorded(code).await
+    }
+
+    /// Sends reservations for `code` until the edge answers one itself (flag and order list in).
+    pub async fn flag_sold_out(&self, code: &str) -> anyhow::Result<()> {
+        for i in 0..500 {
+            let resp = self
+                .http
+                .post(format!("http://{}/vouchers/{code}/reservations", self.edge))
+                .json(&json!({"customerId": format!("flag-c{i}"), "orderId": format!("{code}-flag{i}"), "orderAmount": 250000}))
+                .send()
+                .await?;
+            if resp.headers().contains_key("x-served-by") {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        anyhow::bail!("the edge never answered for {code}")
+    }
+}
+
+pub fn reserve_body(code: &str, i: u64, tag: &str) -> bytes::Bytes {
+    bytes::Bytes::from(
+        json!({"customerId": format!("{tag}-c{i}"), "orderId": format!("{code}-{tag}{i}"), "orderAmount": 250000})
+            .to_string(),
+    )
+}
+
+/// Peak resident memory (VmHWM) of the process whose pid is in `run/NAME.pid`, in MiB.
+pub fn peak_rss_mib(pid_file: &str) -> Option<f64> {
+    let pid = std::fs::read_to_string(pid_file).ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", pid.trim())).ok()?;
+    let kib: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
+/// A line describing this machine for the report.
+pub fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned()))
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| s.lines().next().and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<f64>().ok()))
+        .map(|kib| kib / 1024.0 / 1024.0)
+        .unwrap_or(0.0);
+    format!("{cores} cores ({cpu}), {mem:.0} GiB; load generator, edge, two cores, PostgreSQL, Redis and tansu all on this one machine")
+}

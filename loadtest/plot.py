@@ -1,0 +1,64 @@
+"""Plots of the flash-sale run of the benchmark: latency percentiles and issued uses over time.
+
+    python3 loadtest/plot.py reports/bench
+"""
+import csv
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def percentile(values, p):
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, round(p / 100 * (len(values) - 1)))]
+
+
+def main(out: Path) -> None:
+    rows = list(csv.DictReader(open(out / "flash-sale-samples.csv")))
+    bucket_ms = 100.0
+    buckets: dict[int, dict[str, list[float]]] = {}
+    issued = []
+    for r in rows:
+        b = int(float(r["at_ms"]) // bucket_ms)
+        kind = "accepted" if r["status"] == "201" else "rejected"
+        buckets.setdefault(b, {"accepted": [], "rejected": []})[kind].append(float(r["latency_ms"]))
+        if r["status"] == "201":
+            issued.append(float(r["at_ms"]) / 1000)
+
+    xs = sorted(buckets)
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for kind, color in (("rejected", "tab:blue"), ("accepted", "tab:green")):
+        for p, style in ((50, "-"), (99, "--")):
+            pts = [(x * bucket_ms / 1000, percentile(buckets[x][kind], p)) for x in xs]
+            pts = [(t, v) for t, v in pts if v is not None]
+            if pts:
+                ax.plot([t for t, _ in pts], [v for _, v in pts], style, color=color, label=f"{kind} p{p}")
+    ax.axhline(100, color="red", linewidth=0.8, label="p99 target 100 ms")
+    ax.set_yscale("log")
+    ax.set_xlabel("time into the sale (s)")
+    ax.set_ylabel("latency (ms, from scheduled send)")
+    ax.set_title("Flash sale through the edge: latency per 100 ms")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "flash-sale-latency.png", dpi=110)
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    issued.sort()
+    ax.step(issued, range(1, len(issued) + 1), where="post", color="tab:green")
+    ax.axhline(1000, color="red", linewidth=0.8, label="limit 1,000")
+    ax.set_xlabel("time into the sale (s)")
+    ax.set_ylabel("uses issued (201s)")
+    ax.set_title("Flash sale: uses issued over time")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "flash-sale-issued.png", dpi=110)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "reports/bench"))
