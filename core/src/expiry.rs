@@ -23,14 +23,7 @@ pub struct ExpiryJob {
 impl ExpiryJob {
     /// Runs until `shutdown` is cancelled.
     pub async fn run(self, shutdown: CancellationToken) {
-        let mut ticker = tokio::time::interval(self.interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = ticker.tick() => self.run_once().await,
-            }
-        }
+        every(self.interval, &shutdown, || self.run_once()).await;
     }
 
     /// Releases everything due now, one batch (one transaction) at a time.
@@ -60,6 +53,23 @@ impl ExpiryJob {
                     return;
                 }
             }
+        }
+    }
+}
+
+/// Calls `round` every `interval` (a slow round delays the next rather than piling up)
+/// until `shutdown` is cancelled. The loop of every periodic job of the core.
+pub async fn every<F, Fut>(interval: Duration, shutdown: &CancellationToken, mut round: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = ticker.tick() => round().await,
         }
     }
 }

@@ -42,18 +42,12 @@ pub struct VoucherReport {
 
 impl Reconciler {
     pub async fn run(self, shutdown: CancellationToken) {
-        let mut ticker = tokio::time::interval(self.interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = ticker.tick() => {
-                    if let Err(e) = self.run_once().await {
-                        tracing::warn!(error = %e, "reconciliation round failed");
-                    }
-                }
+        crate::expiry::every(self.interval, &shutdown, || async {
+            if let Err(e) = self.run_once().await {
+                tracing::warn!(error = %e, "reconciliation round failed");
             }
-        }
+        })
+        .await;
     }
 
     /// One round over every live flash voucher. `None` per voucher when its gate is not

@@ -124,3 +124,44 @@ export function summary(data) {
 }
 
 export const summaryTrendStats = ['med', 'p(95)', 'p(99)', 'max'];
+
+/**
+ * Options of a one-voucher sale at a constant arrival rate (RATE/s for DURATION), with
+ * thresholds: no unexpected answer, p99 under 100 ms for accepted and rejected requests.
+ */
+export function saleOptions(defaultRate, defaultVus, defaultMaxVus) {
+  const rate = Number(__ENV.RATE || defaultRate);
+  return {
+    summaryTrendStats,
+    scenarios: {
+      sale: {
+        executor: 'constant-arrival-rate',
+        rate,
+        timeUnit: '1s',
+        duration: __ENV.DURATION || '10s',
+        preAllocatedVUs: Number(__ENV.VUS || defaultVus),
+        maxVUs: Number(__ENV.MAX_VUS || defaultMaxVus),
+      },
+    },
+    thresholds: {
+      voucher_unexpected: ['rate<0.001'],
+      voucher_rejected_duration: ['p(99)<100'],
+      voucher_accepted_duration: ['p(99)<100'],
+      dropped_iterations: [`count<${Math.max(1, Math.floor(rate * 0.01))}`],
+    },
+  };
+}
+
+/** One customer's reservation in a sale; iteration numbers make customers and orders unique. */
+export function saleIteration(data, iteration) {
+  reserve(data.code, `k6-c${iteration}`, `${data.code}-o${iteration}`);
+}
+
+/** Reads the voucher at the end: usedCount over the limit fails the run. */
+export function saleTeardown(data) {
+  const v = voucherState(data.code);
+  if (v && v.usedCount > v.totalLimit) {
+    throw new Error(`OVERSOLD: ${v.usedCount} uses of ${v.totalLimit}`);
+  }
+  console.log(`voucher ${data.code}: usedCount ${v && v.usedCount} of ${v && v.totalLimit}`);
+}

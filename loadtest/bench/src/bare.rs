@@ -24,8 +24,10 @@ pub async fn serve(addr: SocketAddr) -> anyhow::Result<()> {
             let service = service_fn(|_req| async {
                 let mut resp = Response::new(Full::new(Bytes::from_static(BODY.as_bytes())));
                 *resp.status_mut() = StatusCode::CONFLICT;
-                resp.headers_mut()
-                    .insert("content-type", hyper::header::HeaderValue::from_static("application/json"));
+                resp.headers_mut().insert(
+                    "content-type",
+                    hyper::header::HeaderValue::from_static("application/json"),
+                );
                 Ok::<_, Infallible>(resp)
             });
             let _ = http1::Builder::new()

@@ -70,7 +70,12 @@ impl Outcome {
 
     /// Latency percentile (0..=100) of the samples `keep` selects, in milliseconds.
     pub fn percentile(&self, p: f64, keep: impl Fn(&Sample) -> bool) -> Option<f64> {
-        let mut v: Vec<Duration> = self.samples.iter().filter(|s| keep(s)).map(|s| s.latency).collect();
+        let mut v: Vec<Duration> = self
+            .samples
+            .iter()
+            .filter(|s| keep(s))
+            .map(|s| s.latency)
+            .collect();
         if v.is_empty() {
             return None;
         }
@@ -85,9 +90,12 @@ impl Outcome {
 
     /// Kept up: the load was offered (few late starts, rate achieved) and answered.
     pub fn sustained(&self, p99_limit_ms: f64) -> bool {
-        let offered_ok = self.achieved_rate() >= 0.97 * self.offered as f64 / self.elapsed_planned();
+        let offered_ok =
+            self.achieved_rate() >= 0.97 * self.offered as f64 / self.elapsed_planned();
         let late_ok = (self.late as f64) <= 0.01 * self.offered as f64;
-        let p99_ok = self.percentile(99.0, |s| s.status != 0).is_some_and(|p| p < p99_limit_ms);
+        let p99_ok = self
+            .percentile(99.0, |s| s.status != 0)
+            .is_some_and(|p| p < p99_limit_ms);
         offered_ok && late_ok && p99_ok && self.errors() == 0
     }
 
@@ -184,7 +192,9 @@ async fn send(
         tokio::spawn(conn);
         *sender = Some(s);
     }
-    let s = sender.as_mut().ok_or_else(|| anyhow::anyhow!("no connection"))?;
+    let s = sender
+        .as_mut()
+        .ok_or_else(|| anyhow::anyhow!("no connection"))?;
     s.ready().await?;
     let mut req = Request::builder()
         .method(method)

@@ -20,7 +20,12 @@ use probe::{peak_rss_mib, reserve_body, Stack};
 
 /// Seconds of load per step of a ladder.
 fn step() -> Duration {
-    Duration::from_secs(std::env::var("STEP_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(3))
+    Duration::from_secs(
+        std::env::var("STEP_SECS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(3),
+    )
 }
 
 fn env_or(name: &str, default: &str) -> String {
@@ -28,7 +33,10 @@ fn env_or(name: &str, default: &str) -> String {
 }
 
 fn ladder(name: &str, default: &str) -> Vec<u64> {
-    env_or(name, default).split(',').filter_map(|v| v.trim().parse().ok()).collect()
+    env_or(name, default)
+        .split(',')
+        .filter_map(|v| v.trim().parse().ok())
+        .collect()
 }
 
 /// One step of a ladder, summarised.
@@ -51,7 +59,11 @@ impl Step {
             fmt_ms(o.percentile(99.0, |s| s.status != 0)),
             o.generator_cpu,
             if o.sustained(100.0) { "yes" } else { "no" },
-            if self.note.is_empty() { String::new() } else { format!("; {}", self.note) },
+            if self.note.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", self.note)
+            },
         )
     }
 }
@@ -70,7 +82,11 @@ fn reserve_plan(target: SocketAddr, rate: u64, code: &str, tag: &'static str) ->
         duration: step(),
         connections: 256,
         request: Arc::new(move |i| {
-            (hyper::Method::POST, format!("/vouchers/{code}/reservations"), Some(reserve_body(&code, i, tag)))
+            (
+                hyper::Method::POST,
+                format!("/vouchers/{code}/reservations"),
+                Some(reserve_body(&code, i, tag)),
+            )
         }),
     }
 }
@@ -96,7 +112,10 @@ where
 }
 
 fn best(steps: &[Step]) -> Option<&Step> {
-    steps.iter().filter(|s| s.outcome.sustained(100.0)).next_back()
+    steps
+        .iter()
+        .filter(|s| s.outcome.sustained(100.0))
+        .next_back()
 }
 
 fn best_rate(steps: &[Step]) -> f64 {
@@ -107,18 +126,32 @@ fn best_rate(steps: &[Step]) -> f64 {
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("bare-409") {
-        let addr = args.get(2).ok_or_else(|| anyhow::anyhow!("bare-409 ADDR"))?.parse()?;
+        let addr = args
+            .get(2)
+            .ok_or_else(|| anyhow::anyhow!("bare-409 ADDR"))?
+            .parse()?;
         return bare::serve(addr).await;
     }
-    let out = std::path::PathBuf::from(args.get(1).cloned().unwrap_or_else(|| "reports/bench".into()));
+    let out = std::path::PathBuf::from(
+        args.get(1)
+            .cloned()
+            .unwrap_or_else(|| "reports/bench".into()),
+    );
     std::fs::create_dir_all(&out)?;
     let stack = Stack {
         http: reqwest::Client::new(),
         edge: env_or("EDGE", "127.0.0.1:8080"),
         core: env_or("CORE", "127.0.0.1:8081"),
-        core_metrics: env_or("CORE_METRICS", "127.0.0.1:9181,127.0.0.1:9182").split(',').map(str::to_owned).collect(),
+        core_metrics: env_or("CORE_METRICS", "127.0.0.1:9181,127.0.0.1:9182")
+            .split(',')
+            .map(str::to_owned)
+            .collect(),
         token: env_or("ADMIN_TOKEN", "dev-admin-token"),
-        db: sqlx::PgPool::connect(&env_or("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/vouchers")).await?,
+        db: sqlx::PgPool::connect(&env_or(
+            "DATABASE_URL",
+            "postgres://postgres@127.0.0.1:5432/vouchers",
+        ))
+        .await?,
     };
     let edge: SocketAddr = stack.edge.parse()?;
     let core: SocketAddr = stack.core.parse()?;
@@ -129,31 +162,54 @@ async fn main() -> anyhow::Result<()> {
     // 1. The flash sale through the edge: 1,000 uses, climbing to the highest rate sustained.
     eprintln!("flash sale through the edge");
     let sale_details = std::sync::Mutex::new(Vec::new());
-    let flash_steps = climb(&ladder("SALE_RATES", "5000,10000,20000,30000,40000,50000"), |rate| {
-        let (stack, run_id, sale_details) = (&stack, &run_id, &sale_details);
-        async move {
-            let code = format!("S{run_id}R{rate}");
-            stack.create_voucher(&code, 1000, "flash").await?;
-            let (oos0, tx0, ctx0) = (
-                stack.core_counter("http_requests_total", &["OUT_OF_STOCK", "/reservations\""]).await?,
-                stack.xact_commit().await?,
-                stack.core_counter("voucher_consumer_transactions_total", &[]).await?,
-            );
-            let outcome = load::run(reserve_plan(edge, rate, &code, "s")).await?;
-            let issued = outcome.count(|s| s.status == 201);
-            let (rows, used) = stack.wait_recorded(&code, issued as i64).await?;
-            let (oos1, tx1, ctx1) = (
-                stack.core_counter("http_requests_total", &["OUT_OF_STOCK", "/reservations\""]).await?,
-                stack.xact_commit().await?,
-                stack.core_counter("voucher_consumer_transactions_total", &[]).await?,
-            );
-            let note = format!("issued {issued}, rows {rows}, used_count {used}");
-            if let Ok(mut d) = sale_details.lock() {
-                d.push((rate, issued, rows, used, oos1 - oos0, tx1 - tx0, ctx1 - ctx0));
+    let flash_steps = climb(
+        &ladder("SALE_RATES", "5000,10000,20000,30000,40000,50000"),
+        |rate| {
+            let (stack, run_id, sale_details) = (&stack, &run_id, &sale_details);
+            async move {
+                let code = format!("S{run_id}R{rate}");
+                stack.create_voucher(&code, 1000, "flash").await?;
+                let (oos0, tx0, ctx0) = (
+                    stack
+                        .core_counter("http_requests_total", &["OUT_OF_STOCK", "/reservations\""])
+                        .await?,
+                    stack.xact_commit().await?,
+                    stack
+                        .core_counter("voucher_consumer_transactions_total", &[])
+                        .await?,
+                );
+                let outcome = load::run(reserve_plan(edge, rate, &code, "s")).await?;
+                let issued = outcome.count(|s| s.status == 201);
+                let (rows, used) = stack.wait_recorded(&code, issued as i64).await?;
+                let (oos1, tx1, ctx1) = (
+                    stack
+                        .core_counter("http_requests_total", &["OUT_OF_STOCK", "/reservations\""])
+                        .await?,
+                    stack.xact_commit().await?,
+                    stack
+                        .core_counter("voucher_consumer_transactions_total", &[])
+                        .await?,
+                );
+                let note = format!("issued {issued}, rows {rows}, used_count {used}");
+                if let Ok(mut d) = sale_details.lock() {
+                    d.push((
+                        rate,
+                        issued,
+                        rows,
+                        used,
+                        oos1 - oos0,
+                        tx1 - tx0,
+                        ctx1 - ctx0,
+                    ));
+                }
+                Ok(Step {
+                    rate,
+                    outcome,
+                    note,
+                })
             }
-            Ok(Step { rate, outcome, note })
-        }
-    })
+        },
+    )
     .await?;
     let sale = best(&flash_steps).or(flash_steps.first());
     if let Some(s) = sale {
@@ -193,7 +249,11 @@ async fn main() -> anyhow::Result<()> {
             d.5, d.6, d.5 as f64 / 1000.0
         ));
     }
-    write_steps(&mut report, "Flash sale ladder (1,000-use flash voucher per step, through the edge; ours)", &flash_steps);
+    write_steps(
+        &mut report,
+        "Flash sale ladder (1,000-use flash voucher per step, through the edge; ours)",
+        &flash_steps,
+    );
 
     // 2. The edge's reject path against a bare server answering the same 409.
     eprintln!("edge reject path vs bare 409 server");
@@ -206,7 +266,11 @@ async fn main() -> anyhow::Result<()> {
         async move {
             let outcome = load::run(reserve_plan(edge, rate, &code, "x")).await?;
             let note = format!("{} answered by the edge", outcome.count(|s| s.by_edge));
-            Ok(Step { rate, outcome, note })
+            Ok(Step {
+                rate,
+                outcome,
+                note,
+            })
         }
     })
     .await?;
@@ -220,7 +284,11 @@ async fn main() -> anyhow::Result<()> {
         let code = code.clone();
         async move {
             let outcome = load::run(reserve_plan(bare_addr, rate, &code, "b")).await?;
-            Ok(Step { rate, outcome, note: String::new() })
+            Ok(Step {
+                rate,
+                outcome,
+                note: String::new(),
+            })
         }
     })
     .await;
@@ -244,9 +312,19 @@ async fn main() -> anyhow::Result<()> {
         let steps = climb(&accept_rates, |rate| {
             let code = code.clone();
             async move {
-                let outcome = load::run(reserve_plan(core, rate, &code, if rate % 2 == 0 { "a" } else { "b" })).await?;
+                let outcome = load::run(reserve_plan(
+                    core,
+                    rate,
+                    &code,
+                    if rate % 2 == 0 { "a" } else { "b" },
+                ))
+                .await?;
                 let note = format!("{} accepted", outcome.count(|s| s.status == 201));
-                Ok(Step { rate, outcome, note })
+                Ok(Step {
+                    rate,
+                    outcome,
+                    note,
+                })
             }
         })
         .await?;
@@ -258,7 +336,11 @@ async fn main() -> anyhow::Result<()> {
         flash_best / std_best.max(1.0)
     ));
     for (mode, steps) in &hot {
-        write_steps(&mut report, &format!("Hot voucher, {mode} mode, accepting, at a core (ours)"), steps);
+        write_steps(
+            &mut report,
+            &format!("Hot voucher, {mode} mode, accepting, at a core (ours)"),
+            steps,
+        );
     }
 
     // 4. The gate against redis-benchmark running the same script.
@@ -281,7 +363,10 @@ async fn main() -> anyhow::Result<()> {
     writeln!(md, "- command: `./loadtest/bench.sh` (steps of {} s; ladders in the environment: SALE_RATES, REJECT_RATES, ACCEPT_RATES)", step().as_secs())?;
     writeln!(md, "- generator: `voucher-bench` (open model: constant arrival rate, latency from the scheduled time; \"late starts\" count requests the generator itself sent > 10 ms late) unless a row says redis-benchmark")?;
     writeln!(md, "- a step is *sustained* when achieved >= 97% of offered, late starts <= 1%, no errors and p99 < 100 ms\n")?;
-    writeln!(md, "| measure | ours | baseline / limit | ratio | notes |\n|---|---|---|---|---|")?;
+    writeln!(
+        md,
+        "| measure | ours | baseline / limit | ratio | notes |\n|---|---|---|---|---|"
+    )?;
     for row in &table {
         writeln!(md, "{row}")?;
     }
@@ -322,7 +407,9 @@ fn write_samples(path: &std::path::Path, o: &Outcome) -> anyhow::Result<()> {
 /// Our gate client (the redis crate, from this process) against redis-benchmark, both
 /// running `lua/reserve.lua` on the same kind of state: accepting, and sold out.
 async fn gate_vs_redis_benchmark(run_id: &str) -> anyhow::Result<Vec<String>> {
-    use voucher_core::domain::{CustomerId, Money, OrderId, ReservationRequest, Voucher, VoucherCode, VoucherMode};
+    use voucher_core::domain::{
+        CustomerId, Money, OrderId, ReservationRequest, Voucher, VoucherCode, VoucherMode,
+    };
     use voucher_core::gate::{Gate, GateLoad};
     let redis_url = env_or("REDIS_URL", "redis://127.0.0.1:6379/");
     let prefix = format!("bench{run_id}:");
@@ -333,11 +420,17 @@ async fn gate_vs_redis_benchmark(run_id: &str) -> anyhow::Result<Vec<String>> {
     let now = chrono::Utc::now();
     let mut rows = Vec::new();
     for (label, remaining) in [("accepting", 100_000_000i64), ("sold out", 0)] {
-        let code = VoucherCode::parse(format!("G{}{run_id}", if remaining > 0 { "A" } else { "Z" })).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let code = VoucherCode::parse(format!(
+            "G{}{run_id}",
+            if remaining > 0 { "A" } else { "Z" }
+        ))
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
         let voucher = Voucher {
             code: code.clone(),
-            discount_amount: Money::positive("discountAmount", 100_000).map_err(|e| anyhow::anyhow!("{e:?}"))?,
-            min_order_amount: Money::not_negative("minOrderAmount", 0).map_err(|e| anyhow::anyhow!("{e:?}"))?,
+            discount_amount: Money::positive("discountAmount", 100_000)
+                .map_err(|e| anyhow::anyhow!("{e:?}"))?,
+            min_order_amount: Money::not_negative("minOrderAmount", 0)
+                .map_err(|e| anyhow::anyhow!("{e:?}"))?,
             total_limit: 100_000_000,
             per_user_limit: 1,
             starts_at: now - chrono::Duration::hours(1),
@@ -345,22 +438,52 @@ async fn gate_vs_redis_benchmark(run_id: &str) -> anyhow::Result<Vec<String>> {
             mode: VoucherMode::Flash,
             created_at: now,
         };
-        gate.load(&voucher, &GateLoad { remaining, ..Default::default() }).await?;
+        gate.load(
+            &voucher,
+            &GateLoad {
+                remaining,
+                ..Default::default()
+            },
+        )
+        .await?;
         // redis-benchmark: 50 clients, random order and customer ids.
         let base = format!("{prefix}{{{}}}", code.as_str());
         let output = Command::new("redis-benchmark")
-            .args(["-h", "127.0.0.1", "-p", "6379", "-c", "50", "-n", &requests.to_string(), "-r", "1000000000", "--csv"])
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                "6379",
+                "-c",
+                "50",
+                "-n",
+                &requests.to_string(),
+                "-r",
+                "1000000000",
+                "--csv",
+            ])
             .args(["EVALSHA", &sha, "4"])
             .arg(format!("{base}:meta"))
             .arg(format!("{base}:remaining"))
             .arg(format!("{base}:users"))
             .arg(format!("{base}:orders"))
-            .args(["o-__rand_int__", "c-__rand_int__", "250000", &now.timestamp_millis().to_string(), "900000"])
+            .args([
+                "o-__rand_int__",
+                "c-__rand_int__",
+                "250000",
+                &now.timestamp_millis().to_string(),
+                "900000",
+            ])
             .output()?;
         let text = String::from_utf8_lossy(&output.stdout);
         let theirs: f64 = text
             .lines()
-            .filter_map(|l| l.split("\",\"").nth(1).map(|v| v.trim_matches('"')).and_then(|v| v.parse().ok()))
+            .filter_map(|l| {
+                l.split("\",\"")
+                    .nth(1)
+                    .map(|v| v.trim_matches('"'))
+                    .and_then(|v| v.parse().ok())
+            })
             .next()
             .unwrap_or(0.0);
         // Ours: the same script through the Gate, 50 concurrent callers.
@@ -382,8 +505,15 @@ async fn gate_vs_redis_benchmark(run_id: &str) -> anyhow::Result<Vec<String>> {
                     ) else {
                         continue;
                     };
-                    let request = ReservationRequest { voucher_code: code.clone(), customer_id, order_id, order_amount };
-                    let _ = gate.reserve(&request, chrono::Utc::now().timestamp_millis(), 900_000).await;
+                    let request = ReservationRequest {
+                        voucher_code: code.clone(),
+                        customer_id,
+                        order_id,
+                        order_amount,
+                    };
+                    let _ = gate
+                        .reserve(&request, chrono::Utc::now().timestamp_millis(), 900_000)
+                        .await;
                 }
             }));
         }

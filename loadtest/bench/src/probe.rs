@@ -15,7 +15,12 @@ pub struct Stack {
 }
 
 impl Stack {
-    pub async fn create_voucher(&self, code: &str, total_limit: i64, mode: &str) -> anyhow::Result<()> {
+    pub async fn create_voucher(
+        &self,
+        code: &str,
+        total_limit: i64,
+        mode: &str,
+    ) -> anyhow::Result<()> {
         let now = chrono::Utc::now();
         let body = json!({
             "code": code, "discountAmount": 100000, "minOrderAmount": 0,
@@ -31,7 +36,11 @@ impl Stack {
             .json(&body)
             .send()
             .await?;
-        anyhow::ensure!(resp.status().as_u16() == 201, "creating {code}: {}", resp.text().await?);
+        anyhow::ensure!(
+            resp.status().as_u16() == 201,
+            "creating {code}: {}",
+            resp.text().await?
+        );
         Ok(())
     }
 
@@ -39,7 +48,13 @@ impl Stack {
     pub async fn core_counter(&self, name: &str, needles: &[&str]) -> anyhow::Result<f64> {
         let mut total = 0.0;
         for m in &self.core_metrics {
-            let text = self.http.get(format!("http://{m}/metrics")).send().await?.text().await?;
+            let text = self
+                .http
+                .get(format!("http://{m}/metrics"))
+                .send()
+                .await?
+                .text()
+                .await?;
             total += text
                 .lines()
                 .filter(|l| l.starts_with(name) && needles.iter().all(|n| l.contains(n)))
@@ -51,18 +66,23 @@ impl Stack {
 
     /// Committed transactions of the vouchers database so far.
     pub async fn xact_commit(&self) -> anyhow::Result<i64> {
-        let _ = sqlx::query("SELECT pg_stat_clear_snapshot()").execute(&self.db).await;
-        Ok(sqlx::query_scalar("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
-            .fetch_one(&self.db)
-            .await?)
+        let _ = sqlx::query("SELECT pg_stat_clear_snapshot()")
+            .execute(&self.db)
+            .await;
+        Ok(sqlx::query_scalar(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+        )
+        .fetch_one(&self.db)
+        .await?)
     }
 
     /// Rows and used_count of a voucher in PostgreSQL.
     pub async fn recorded(&self, code: &str) -> anyhow::Result<(i64, i32)> {
-        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM redemptions WHERE voucher_code = $1")
-            .bind(code)
-            .fetch_one(&self.db)
-            .await?;
+        let rows: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM redemptions WHERE voucher_code = $1")
+                .bind(code)
+                .fetch_one(&self.db)
+                .await?;
         let used: i32 = sqlx::query_scalar("SELECT used_count FROM vouchers WHERE code = $1")
             .bind(code)
             .fetch_one(&self.db)
@@ -125,12 +145,23 @@ pub fn peak_rss_mib(pid_file: &str) -> Option<f64> {
 pub fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
         .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
     let mem = std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|s| s.lines().next().and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<f64>().ok()))
+        .and_then(|s| {
+            s.lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<f64>().ok())
+        })
         .map(|kib| kib / 1024.0 / 1024.0)
         .unwrap_or(0.0);
     format!("{cores} cores ({cpu}), {mem:.0} GiB; load generator, edge, two cores, PostgreSQL, Redis and tansu all on this one machine")
