@@ -156,6 +156,8 @@ async fn every_dashboard_panel_returns_series_after_a_short_k6_sale() {
         .await;
 
     // A short k6 flash sale through the edge; its thresholds must pass (the CI smoke).
+    // Correctness thresholds as they are; the latency one generous, since these are debug
+    // builds sharing two cores with other tests (speed is the benchmark's business).
     let k6 = Command::new(std::env::var("K6").unwrap_or_else(|_| "k6".into()))
         .args(["run", "--quiet", "loadtest/k6/flash-sale.js"])
         .current_dir(repo())
@@ -165,6 +167,7 @@ async fn every_dashboard_panel_returns_series_after_a_short_k6_sale() {
         .env("RATE", "200")
         .env("DURATION", "5s")
         .env("VUS", "50")
+        .env("P99_MS", "3000")
         .output()
         .expect("k6 must be installed (scripts/test.sh installs it)");
     let report = String::from_utf8_lossy(&k6.stdout);
