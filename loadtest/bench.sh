@@ -7,6 +7,8 @@ cd "$ROOT"
 
 OUT=${OUT:-reports/bench}
 start_stack
+command -v wrk >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
+command -v redis-benchmark >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq redis-tools >/dev/null; }
 cargo build --release -p voucher-bench
 mkdir -p "$OUT"
 ./target/release/voucher-bench "$OUT"
