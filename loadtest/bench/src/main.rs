@@ -124,10 +124,7 @@ where
 }
 
 fn best(steps: &[Step]) -> Option<&Step> {
-    steps
-        .iter()
-        .filter(|s| s.outcome.sustained(100.0))
-        .next_back()
+    steps.iter().rfind(|s| s.outcome.sustained(100.0))
 }
 
 fn best_rate(steps: &[Step]) -> f64 {
