@@ -78,6 +78,13 @@ impl Edge {
         Ok(())
     }
 
+    async fn too_large(&self, session: &mut Session) -> Result<()> {
+        let limit = self.settings.max_body_bytes;
+        let message = format!("the request body is larger than {limit} bytes");
+        self.answer(session, 413, "PAYLOAD_TOO_LARGE", &message)
+            .await
+    }
+
     /// Reads the whole request body (bounded) into pingora's retry buffer, from which it
     /// is sent upstream if the request is forwarded. `None` when it is over the limit.
     async fn read_body(&self, session: &mut Session) -> Result<Option<Bytes>> {
@@ -188,12 +195,7 @@ impl ProxyHttp for Edge {
         }
         if declared.is_some_and(|n| n > self.settings.max_body_bytes) {
             ctx.outcome = "too_large";
-            let message = format!(
-                "the request body is larger than {} bytes",
-                self.settings.max_body_bytes
-            );
-            self.answer(session, 413, "PAYLOAD_TOO_LARGE", &message)
-                .await?;
+            self.too_large(session).await?;
             return Ok(true);
         }
         let Route::Reserve { code } = &ctx.route else {
@@ -202,12 +204,7 @@ impl ProxyHttp for Edge {
         let code = code.clone();
         let Some(body) = self.read_body(session).await? else {
             ctx.outcome = "too_large";
-            let message = format!(
-                "the request body is larger than {} bytes",
-                self.settings.max_body_bytes
-            );
-            self.answer(session, 413, "PAYLOAD_TOO_LARGE", &message)
-                .await?;
+            self.too_large(session).await?;
             return Ok(true);
         };
         let order_id = serde_json::from_slice::<OrderOnly>(&body)

@@ -181,28 +181,14 @@ async fn main() -> anyhow::Result<()> {
             async move {
                 let code = format!("S{run_id}R{rate}");
                 stack.create_voucher(&code, 1000, "flash").await?;
-                let (oos0, tx0, ctx0) = (
-                    stack
-                        .core_counter("http_requests_total", &["OUT_OF_STOCK", "/reservations\""])
-                        .await?,
-                    stack.xact_commit().await?,
-                    stack
-                        .core_counter("voucher_consumer_transactions_total", &[])
-                        .await?,
-                );
+                let before = stack.sale_counters().await?;
                 let outcome =
                     load::run(reserve_plan(edge, rate, &code, "s", SALE_CONNECTIONS)).await?;
                 let issued = outcome.count(|s| s.status == 201);
                 let (rows, used) = stack.wait_recorded(&code, issued as i64).await?;
-                let (oos1, tx1, ctx1) = (
-                    stack
-                        .core_counter("http_requests_total", &["OUT_OF_STOCK", "/reservations\""])
-                        .await?,
-                    stack.xact_commit().await?,
-                    stack
-                        .core_counter("voucher_consumer_transactions_total", &[])
-                        .await?,
-                );
+                let after = stack.sale_counters().await?;
+                let (oos0, tx0, ctx0) = before;
+                let (oos1, tx1, ctx1) = after;
                 let note = format!("issued {issued}, rows {rows}, used_count {used}");
                 if let Ok(mut d) = sale_details.lock() {
                     d.push((

@@ -64,6 +64,18 @@ impl Stack {
         Ok(total)
     }
 
+    /// What a sale is charged with, read before and after it: OUT_OF_STOCK answers of the
+    /// cores (requests that got past the edge), database commits, consumer transactions.
+    pub async fn sale_counters(&self) -> anyhow::Result<(f64, i64, f64)> {
+        Ok((
+            self.core_counter("http_requests_total", &["OUT_OF_STOCK", "/reservations\""])
+                .await?,
+            self.xact_commit().await?,
+            self.core_counter("voucher_consumer_transactions_total", &[])
+                .await?,
+        ))
+    }
+
     /// Committed transactions of the vouchers database so far.
     pub async fn xact_commit(&self) -> anyhow::Result<i64> {
         let _ = sqlx::query("SELECT pg_stat_clear_snapshot()")
