@@ -6,12 +6,14 @@
 cd "$ROOT"
 
 OUT=${OUT:-reports/bench}
+# A database of the run's own, so the invariant check at the end covers exactly this run.
+export DB_NAME=${DB_NAME:-bench_$(date +%Y%m%d%H%M%S)}
 start_stack
 command -v wrk >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
 command -v redis-benchmark >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq redis-tools >/dev/null; }
 cargo build --release -p voucher-bench
 mkdir -p "$OUT"
-./target/release/voucher-bench "$OUT"
+DATABASE_URL="$VOUCHER__DATABASE__URL" ./target/release/voucher-bench "$OUT"
 
 log "plots"
 python3 -c 'import matplotlib' 2>/dev/null || pip install -q matplotlib

@@ -125,12 +125,14 @@ ensure_prometheus() {
 export PATH="$HOME/.cargo/bin:$PATH"
 
 # The whole stack of ./scripts/up.sh: PostgreSQL, Redis, tansu, two cores (release) and the
-# edge in front of them. Logs and pids in run/.
+# edge in front of them. Logs and pids in run/. DB_NAME picks the database (default vouchers).
 start_stack() {
+  local db=${DB_NAME:-vouchers}
+  export VOUCHER__DATABASE__URL="postgres://postgres@127.0.0.1:5432/$db"
   ensure_build_tools
   ensure_postgres
   ensure_redis
-  ensure_database vouchers
+  ensure_database "$db"
   start_broker 9092
 
   log "building voucher-core and voucher-edge (release; the first build takes several minutes)"

@@ -39,6 +39,8 @@ pub struct Sample {
     pub status: u16,
     /// Whether the answer came from the edge itself (`x-served-by: edge`).
     pub by_edge: bool,
+    /// The request's number `i` (what `RequestFn` was called with).
+    pub index: u64,
 }
 
 #[derive(Debug)]
@@ -157,6 +159,7 @@ pub async fn run(plan: Plan) -> anyhow::Result<Outcome> {
                     latency: Instant::now().saturating_duration_since(scheduled),
                     status,
                     by_edge,
+                    index: i,
                 });
             }
         }));

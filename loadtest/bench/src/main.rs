@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use load::{Outcome, Plan};
 use probe::{peak_rss_mib, reserve_body, Stack};
+use voucher_core::invariants::Accepted;
 
 /// Seconds of load per step of a ladder.
 fn step() -> Duration {
@@ -165,6 +166,8 @@ async fn main() -> anyhow::Result<()> {
     let edge: SocketAddr = stack.edge.parse()?;
     let core: SocketAddr = stack.core.parse()?;
     let run_id = chrono::Utc::now().format("%H%M%S").to_string();
+    // Every 201 of every run, for the invariant check at the end.
+    let accepted = std::sync::Mutex::new(Vec::<Accepted>::new());
     let mut report = String::new();
     let mut table = Vec::new();
 
@@ -177,13 +180,15 @@ async fn main() -> anyhow::Result<()> {
             "1000,2000,3000,5000,10000,20000,30000,40000,50000",
         ),
         |rate| {
-            let (stack, run_id, sale_details) = (&stack, &run_id, &sale_details);
+            let (stack, run_id, sale_details, accepted) =
+                (&stack, &run_id, &sale_details, &accepted);
             async move {
                 let code = format!("S{run_id}R{rate}");
                 stack.create_voucher(&code, 1000, "flash").await?;
                 let before = stack.sale_counters().await?;
                 let outcome =
                     load::run(reserve_plan(edge, rate, &code, "s", SALE_CONNECTIONS)).await?;
+                remember_accepted(accepted, &code, "s", &outcome);
                 let issued = outcome.count(|s| s.status == 201);
                 let (rows, used) = stack.wait_recorded(&code, issued as i64).await?;
                 let after = stack.sale_counters().await?;
@@ -326,16 +331,12 @@ async fn main() -> anyhow::Result<()> {
         let code = format!("H{}{run_id}", &mode[..1]);
         stack.create_voucher(&code, 10_000_000, mode).await?;
         let steps = climb(&accept_rates, |rate| {
-            let code = code.clone();
+            let (code, accepted) = (code.clone(), &accepted);
             async move {
-                let outcome = load::run(reserve_plan(
-                    core,
-                    rate,
-                    &code,
-                    if rate % 2 == 0 { "a" } else { "b" },
-                    SALE_CONNECTIONS,
-                ))
-                .await?;
+                let tag = if rate % 2 == 0 { "a" } else { "b" };
+                let outcome =
+                    load::run(reserve_plan(core, rate, &code, tag, SALE_CONNECTIONS)).await?;
+                remember_accepted(accepted, &code, tag, &outcome);
                 let note = format!("{} accepted", outcome.count(|s| s.status == 201));
                 Ok(Step {
                     rate,
@@ -371,6 +372,14 @@ async fn main() -> anyhow::Result<()> {
         "| Peak RSS (VmHWM) after all runs | edge {} MiB, core {} MiB | | | |",
         edge_rss.map_or("?".into(), |v| format!("{v:.1}")),
         core_rss.map_or("?".into(), |v| format!("{v:.1}"))
+    ));
+
+    // DESIGN.md's invariants over every voucher of this run, once the consumer caught up.
+    let accepted = accepted.into_inner().unwrap_or_default();
+    let verdict = check_invariants(&stack, &accepted).await?;
+    table.push(format!(
+        "| Invariants 1-5 after all runs | {verdict} | | | {} accepted reservations checked |",
+        accepted.len()
     ));
 
     let mut md = String::new();
@@ -420,6 +429,58 @@ async fn wrk_rate(target: SocketAddr, code: &str) -> Option<f64> {
             l.strip_prefix("Requests/sec:")
                 .and_then(|v| v.trim().parse().ok())
         })
+}
+
+fn remember_accepted(
+    into: &std::sync::Mutex<Vec<Accepted>>,
+    code: &str,
+    tag: &str,
+    outcome: &Outcome,
+) {
+    if let Ok(mut list) = into.lock() {
+        list.extend(
+            outcome
+                .samples
+                .iter()
+                .filter(|s| s.status == 201)
+                .map(|s| Accepted {
+                    voucher_code: code.to_owned(),
+                    customer_id: format!("{tag}-c{}", s.index),
+                    order_id: format!("{code}-{tag}{}", s.index),
+                }),
+        );
+    }
+}
+
+/// Waits for the consumer group, then checks invariants 1 to 5 on the bench's database.
+async fn check_invariants(stack: &Stack, accepted: &[Accepted]) -> anyhow::Result<String> {
+    let kafka = voucher_core::config::KafkaSettings {
+        brokers: env_or("KAFKA_BROKERS", "127.0.0.1:9092"),
+        topic: env_or("KAFKA_TOPIC", "voucher-events"),
+        dlq_topic: None,
+        group: env_or("KAFKA_GROUP", "voucher-writer"),
+        partitions: 3,
+        message_timeout_ms: 5000,
+        consume: false,
+        batch_max: 500,
+        batch_wait_ms: 20,
+    };
+    let progress = voucher_core::events::progress::Progress::new(&kafka)?;
+    let caught_up = progress.wait_caught_up(Duration::from_secs(60)).await?;
+    let gate = voucher_core::gate::Gate::connect(
+        &env_or("REDIS_URL", "redis://127.0.0.1:6379/"),
+        &env_or("GATE_PREFIX", "vg:"),
+        Duration::from_secs(2),
+    )
+    .await?;
+    let report = voucher_core::invariants::check_with_gate(&stack.db, &gate, accepted).await?;
+    Ok(if !caught_up {
+        "consumer did not catch up in 60 s".into()
+    } else if report.holds() {
+        format!("hold ({} vouchers)", report.vouchers_checked)
+    } else {
+        format!("VIOLATED: {}", report.violations.join("; "))
+    })
 }
 
 fn ratio_to_limit(p99: Option<f64>) -> String {
