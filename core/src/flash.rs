@@ -211,12 +211,9 @@ impl FlashPath {
             }
         }
         match self.publish(request, &record).await {
-            Ok(()) => {
-                self.mark_accepted(request).await;
-                let mut accepted = record;
-                accepted.state = RecordState::Accepted;
-                Ok(ReserveOutcome::Reserved(reservation(request, &accepted)?))
-            }
+            Ok(()) => Ok(ReserveOutcome::Reserved(
+                self.acknowledged(request, record).await?,
+            )),
             Err(PublishError::NotWritten(e)) => {
                 tracing::warn!(error = %e, "event not written; giving the use back");
                 // Only if no retry has started a publish of its own since.
@@ -267,14 +264,9 @@ impl FlashPath {
             }
         }
         match self.publish(request, &record).await {
-            Ok(()) => {
-                self.mark_accepted(request).await;
-                let mut accepted = record;
-                accepted.state = RecordState::Accepted;
-                Ok(Some(ReserveOutcome::Retried(reservation(
-                    request, &accepted,
-                )?)))
-            }
+            Ok(()) => Ok(Some(ReserveOutcome::Retried(
+                self.acknowledged(request, record).await?,
+            ))),
             Err(e) => {
                 tracing::warn!(error = %e, "re-publish failed; the use stays held");
                 Err(Error::Unavailable("event broker"))
@@ -300,6 +292,17 @@ impl FlashPath {
             .with_label_values(&[label])
             .observe(started.elapsed().as_secs_f64());
         result
+    }
+
+    /// The event is acknowledged: the record goes P -> A and the reservation is answered.
+    async fn acknowledged(
+        &self,
+        request: &ReservationRequest,
+        mut record: OrderRecord,
+    ) -> Result<Reservation> {
+        self.mark_accepted(request).await;
+        record.state = RecordState::Accepted;
+        reservation(request, &record)
     }
 
     /// P -> A once the event is acknowledged. Failing here changes nothing that matters:

@@ -39,15 +39,6 @@ impl Report {
     pub fn holds(&self) -> bool {
         self.violations.is_empty()
     }
-
-    /// `Err` listing every violation, for tests: `invariants::check(..).await?.into_result()?`.
-    pub fn into_result(self) -> anyhow::Result<Self> {
-        if self.holds() {
-            Ok(self)
-        } else {
-            anyhow::bail!("invariants violated:\n  {}", self.violations.join("\n  "))
-        }
-    }
 }
 
 /// Checks invariants 1 to 4 against the database, given every 201 the clients received.

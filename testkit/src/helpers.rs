@@ -243,7 +243,12 @@ impl TestEnv {
         let db = TestDb::create().await;
         let mut settings = settings_for(&db.url);
         tweak(&mut settings);
-        let app = TestApp::start(&settings).await;
+        Self::start_on(db, &settings).await
+    }
+
+    /// The app with `settings` on `db`, and a pool of the test's own on the same database.
+    pub async fn start_on(db: TestDb, settings: &Settings) -> Self {
+        let app = TestApp::start(settings).await;
         let pool = PgPoolOptions::new()
             .max_connections(4)
             .connect(&db.url)
@@ -257,6 +262,12 @@ impl TestEnv {
         let report = invariants::check(&self.pool, accepted)
             .await
             .expect("invariant queries run");
+        self.assert_and_tear_down(report).await;
+    }
+
+    /// Fails the test on any violation in `report`; otherwise stops the app and drops the
+    /// database (a failing test leaves its database behind to look at).
+    pub async fn assert_and_tear_down(self, report: invariants::Report) {
         assert!(
             report.holds(),
             "invariants violated: {:#?}",

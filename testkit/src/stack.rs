@@ -7,14 +7,12 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use sqlx::postgres::PgPoolOptions;
-use sqlx::PgPool;
 use voucher_core::config::{FlashSettings, KafkaSettings, RedisSettings, Settings};
 use voucher_core::events::progress::Progress;
 use voucher_core::gate::Gate;
 use voucher_core::invariants::{self, Accepted};
 
-use crate::helpers::{settings_for, TestApp, TestDb};
+use crate::helpers::{settings_for, TestDb, TestEnv};
 
 pub const REDIS_URL: &str = "redis://127.0.0.1:6379/";
 
@@ -122,15 +120,21 @@ pub fn flash_settings(db_url: &str, broker: &Broker, tag: &str) -> Settings {
     s
 }
 
-/// A database, a broker and one app in flash mode.
+/// A database, a broker and one app in flash mode; derefs to its [`TestEnv`].
 pub struct FlashEnv {
-    pub db: TestDb,
+    pub env: TestEnv,
     pub broker: Broker,
     pub settings: Settings,
-    pub app: TestApp,
-    pub pool: PgPool,
     pub gate: Gate,
     pub progress: Progress,
+}
+
+impl std::ops::Deref for FlashEnv {
+    type Target = TestEnv;
+
+    fn deref(&self) -> &TestEnv {
+        &self.env
+    }
 }
 
 impl FlashEnv {
@@ -144,12 +148,7 @@ impl FlashEnv {
         let tag = uuid::Uuid::new_v4().simple().to_string();
         let mut settings = flash_settings(&db.url, &broker, &tag);
         tweak(&mut settings);
-        let app = TestApp::start(&settings).await;
-        let pool = PgPoolOptions::new()
-            .max_connections(4)
-            .connect(&db.url)
-            .await
-            .expect("test pool");
+        let env = TestEnv::start_on(db, &settings).await;
         let redis = settings.redis.clone().expect("flash settings");
         let gate = Gate::connect(&redis.url, &redis.key_prefix, Duration::from_secs(2))
             .await
@@ -157,11 +156,9 @@ impl FlashEnv {
         let progress =
             Progress::new(settings.kafka.as_ref().expect("flash settings")).expect("progress");
         Self {
-            db,
+            env,
             broker,
             settings,
-            app,
-            pool,
             gate,
             progress,
         }
@@ -187,14 +184,7 @@ impl FlashEnv {
         let report = invariants::check_with_gate(&self.pool, &self.gate, accepted)
             .await
             .expect("invariant queries run");
-        assert!(
-            report.holds(),
-            "invariants violated: {:#?}",
-            report.violations
-        );
-        self.app.stop().await;
-        self.pool.close().await;
-        self.db.drop_db().await;
+        self.env.assert_and_tear_down(report).await;
         let prefix = self
             .settings
             .redis

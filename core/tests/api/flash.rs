@@ -324,7 +324,8 @@ async fn the_broker_down_for_seconds_mid_sale_loses_no_201_and_oversells_nothing
 
     // Patient clients retry a 503 for a while; impatient ones give up at once, leaving
     // uses held whose events may or may not have been written.
-    let app = &env.app;
+    // Field by field, so the broker below can be borrowed mutably meanwhile.
+    let app = &env.env.app;
     let selling = async {
         let patient = sale(
             app,
