@@ -1,73 +1,203 @@
-//! Configuration: a TOML file, then environment variables on top.
+//! Configuration: defaults in this file, then a TOML file, then environment variables.
 //!
-//! The file is `config/core.toml` unless `VOUCHER_CONFIG` names another one. Any setting
-//! can be overridden as `VOUCHER__<SECTION>__<KEY>`, e.g. `VOUCHER__DATABASE__URL` or
+//! Every setting has its default here, in the `Default` impl of its section: that is the one
+//! place defaults live. The file is `config/core.toml` unless `VOUCHER_CONFIG` names another
+//! one; it is optional, so a container can run from environment variables alone. Any setting
+//! can be set as `VOUCHER__<SECTION>__<KEY>`, e.g. `VOUCHER__DATABASE__URL` or
 //! `VOUCHER__ADMIN__TOKEN` (secrets belong in the environment, not in the file).
+//!
+//! Durations are written as humans write them: `"500ms"`, `"5s"`, `"15m"`.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use secrecy::SecretString;
 use serde::Deserialize;
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct Settings {
     pub http: HttpSettings,
     pub database: DatabaseSettings,
     pub admin: AdminSettings,
     pub reservations: ReservationSettings,
-    #[serde(default)]
     pub log: LogSettings,
-    /// Flash mode needs all three of these; without them, flash vouchers are refused.
-    #[serde(default)]
+    /// Flash mode needs both `redis` and `kafka`; without them, flash vouchers are refused.
     pub redis: Option<RedisSettings>,
-    #[serde(default)]
     pub kafka: Option<KafkaSettings>,
-    #[serde(default)]
     pub flash: FlashSettings,
 }
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RedisSettings {
-    pub url: String,
-    /// Put before every key, so several deployments (or tests) can share one Redis.
-    #[serde(default = "default_key_prefix")]
-    pub key_prefix: String,
-    /// Connect and response timeout of one Redis call.
-    #[serde(default = "default_redis_timeout_ms")]
-    pub timeout_ms: u64,
+#[serde(deny_unknown_fields, default)]
+pub struct HttpSettings {
+    /// The public API.
+    pub listen: SocketAddr,
+    /// Prometheus metrics, kept off the public listener.
+    pub metrics_listen: SocketAddr,
+    /// Request bodies above this many bytes get 413.
+    pub max_body_bytes: usize,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8081)),
+            metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9181)),
+            max_body_bytes: 4096,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatabaseSettings {
+    /// May carry a password: kept as a secret, never printed.
+    pub url: SecretString,
+    pub max_connections: u32,
+    /// How long a request waits for a connection before it answers 503.
+    #[serde(with = "humantime_serde")]
+    pub acquire_timeout: Duration,
+    /// Apply the migrations at start-up.
+    pub migrate: bool,
+}
+
+impl Default for DatabaseSettings {
+    fn default() -> Self {
+        Self {
+            url: "postgres://postgres@127.0.0.1:5432/vouchers".into(),
+            max_connections: 20,
+            acquire_timeout: Duration::from_secs(2),
+            migrate: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminSettings {
+    /// Bearer token of the admin calls. Empty disables them (every admin call gets 401).
+    pub token: SecretString,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReservationSettings {
+    /// A reservation neither confirmed nor released within this is released by the expiry job.
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+    /// How often the expiry job looks for due reservations.
+    #[serde(with = "humantime_serde")]
+    pub expiry_interval: Duration,
+    /// Reservations released per expiry transaction.
+    pub expiry_batch: i64,
+    /// Run the expiry job in this instance. Safe on every instance at once.
+    pub expiry_enabled: bool,
+}
+
+impl Default for ReservationSettings {
+    fn default() -> Self {
+        Self {
+            ttl: Duration::from_secs(15 * 60),
+            expiry_interval: Duration::from_secs(5),
+            expiry_batch: 500,
+            expiry_enabled: true,
+        }
+    }
+}
+
+impl ReservationSettings {
+    pub fn ttl(&self) -> chrono::Duration {
+        chrono::Duration::from_std(self.ttl).unwrap_or(chrono::Duration::MAX)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogSettings {
+    /// `tracing_subscriber` filter, e.g. `info,voucher_core=debug`. `RUST_LOG` wins over it.
+    pub filter: String,
+    /// `text` for people, `json` for log shippers.
+    pub format: String,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self {
+            filter: "info".into(),
+            format: "text".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisSettings {
+    /// May carry a password: kept as a secret, never printed.
+    pub url: SecretString,
+    /// Put before every key, so several deployments (or tests) can share one Redis. The
+    /// availability channel the edges listen on is derived from it.
+    pub key_prefix: String,
+    /// Connect and response timeout of one Redis call.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for RedisSettings {
+    fn default() -> Self {
+        Self {
+            url: "redis://127.0.0.1:6379/".into(),
+            key_prefix: voucher_contract::DEFAULT_KEY_PREFIX.into(),
+            timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+impl RedisSettings {
+    pub fn availability_channel(&self) -> String {
+        voucher_contract::availability_channel(&self.key_prefix)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct KafkaSettings {
     /// `bootstrap.servers`.
     pub brokers: String,
     /// Reservation events, keyed by voucher code.
-    #[serde(default = "default_topic")]
     pub topic: String,
     /// Where events the database refuses go. Default: `<topic>.dlq`.
-    #[serde(default)]
     pub dlq_topic: Option<String>,
     /// Consumer group of the writers into PostgreSQL.
-    #[serde(default = "default_group")]
     pub group: String,
     /// Partitions to create the topic with, when it does not exist.
-    #[serde(default = "default_partitions")]
     pub partitions: i32,
     /// How long the producer keeps trying one event; past it the send fails as ambiguous.
-    #[serde(default = "default_message_timeout_ms")]
-    pub message_timeout_ms: u64,
+    #[serde(with = "humantime_serde")]
+    pub message_timeout: Duration,
     /// Run the consumer that writes events into PostgreSQL in this instance.
-    #[serde(default = "default_true")]
     pub consume: bool,
     /// Events written per database transaction, at most.
-    #[serde(default = "default_batch_max")]
     pub batch_max: usize,
     /// How long the consumer waits to fill a batch once it has one event.
-    #[serde(default = "default_batch_wait_ms")]
-    pub batch_wait_ms: u64,
+    #[serde(with = "humantime_serde")]
+    pub batch_wait: Duration,
+}
+
+impl Default for KafkaSettings {
+    fn default() -> Self {
+        Self {
+            brokers: "127.0.0.1:9092".into(),
+            topic: "voucher-events".into(),
+            dlq_topic: None,
+            group: "voucher-writer".into(),
+            partitions: 3,
+            message_timeout: Duration::from_secs(5),
+            consume: true,
+            batch_max: 500,
+            batch_wait: Duration::from_millis(20),
+        }
+    }
 }
 
 impl KafkaSettings {
@@ -79,198 +209,53 @@ impl KafkaSettings {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct FlashSettings {
     /// How often the reconciliation job compares Redis with PostgreSQL.
-    #[serde(default = "default_reconcile_interval_ms")]
-    pub reconcile_interval_ms: u64,
+    #[serde(with = "humantime_serde")]
+    pub reconcile_interval: Duration,
     /// A gate record this old without its row is given back (once the consumer has caught
-    /// up). Must exceed `kafka.message_timeout_ms`, after which no late write can land.
-    #[serde(default = "default_reconcile_grace_ms")]
-    pub reconcile_grace_ms: u64,
-    #[serde(default = "default_true")]
+    /// up). Must exceed `kafka.message_timeout`, after which no late write can land.
+    #[serde(with = "humantime_serde")]
+    pub reconcile_grace: Duration,
     pub reconcile_enabled: bool,
     /// Confirm and release wait this long for the consumer to write a fresh reservation.
-    #[serde(default = "default_row_wait_ms")]
-    pub row_wait_ms: u64,
+    #[serde(with = "humantime_serde")]
+    pub row_wait: Duration,
     /// How long a rebuild waits for the consumer to catch up before trying again.
-    #[serde(default = "default_catch_up_timeout_ms")]
-    pub catch_up_timeout_ms: u64,
+    #[serde(with = "humantime_serde")]
+    pub catch_up_timeout: Duration,
 }
 
 impl Default for FlashSettings {
     fn default() -> Self {
         Self {
-            reconcile_interval_ms: default_reconcile_interval_ms(),
-            reconcile_grace_ms: default_reconcile_grace_ms(),
+            reconcile_interval: Duration::from_secs(5),
+            reconcile_grace: Duration::from_secs(30),
             reconcile_enabled: true,
-            row_wait_ms: default_row_wait_ms(),
-            catch_up_timeout_ms: default_catch_up_timeout_ms(),
+            row_wait: Duration::from_secs(3),
+            catch_up_timeout: Duration::from_secs(10),
         }
     }
-}
-
-fn default_key_prefix() -> String {
-    "vg:".into()
-}
-fn default_redis_timeout_ms() -> u64 {
-    1000
-}
-fn default_topic() -> String {
-    "voucher-events".into()
-}
-fn default_group() -> String {
-    "voucher-writer".into()
-}
-fn default_partitions() -> i32 {
-    3
-}
-fn default_message_timeout_ms() -> u64 {
-    5000
-}
-fn default_batch_max() -> usize {
-    500
-}
-fn default_batch_wait_ms() -> u64 {
-    20
-}
-fn default_reconcile_interval_ms() -> u64 {
-    5000
-}
-fn default_reconcile_grace_ms() -> u64 {
-    30_000
-}
-fn default_row_wait_ms() -> u64 {
-    3000
-}
-fn default_catch_up_timeout_ms() -> u64 {
-    10_000
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HttpSettings {
-    /// The public API.
-    pub listen: SocketAddr,
-    /// Prometheus metrics, kept off the public listener.
-    pub metrics_listen: SocketAddr,
-    /// Request bodies above this many bytes get 413.
-    #[serde(default = "default_max_body_bytes")]
-    pub max_body_bytes: usize,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DatabaseSettings {
-    pub url: String,
-    #[serde(default = "default_max_connections")]
-    pub max_connections: u32,
-    /// How long a request waits for a connection before it answers 503.
-    #[serde(default = "default_acquire_timeout_ms")]
-    pub acquire_timeout_ms: u64,
-    /// Apply `migrations/` at start-up.
-    #[serde(default = "default_true")]
-    pub migrate: bool,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AdminSettings {
-    /// Bearer token of the admin calls. Empty disables them (every admin call gets 401).
-    #[serde(default)]
-    pub token: String,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ReservationSettings {
-    /// A reservation neither confirmed nor released within this is released by the expiry job.
-    #[serde(default = "default_ttl_secs")]
-    pub ttl_secs: u64,
-    /// How often the expiry job looks for due reservations.
-    #[serde(default = "default_expiry_interval_ms")]
-    pub expiry_interval_ms: u64,
-    /// Reservations released per expiry transaction.
-    #[serde(default = "default_expiry_batch")]
-    pub expiry_batch: i64,
-    /// Run the expiry job in this instance. Safe on every instance at once.
-    #[serde(default = "default_true")]
-    pub expiry_enabled: bool,
-}
-
-impl ReservationSettings {
-    pub fn ttl(&self) -> chrono::Duration {
-        chrono::Duration::seconds(i64::try_from(self.ttl_secs).unwrap_or(i64::MAX / 1000))
-    }
-
-    pub fn expiry_interval(&self) -> Duration {
-        Duration::from_millis(self.expiry_interval_ms)
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LogSettings {
-    /// `tracing_subscriber` filter, e.g. `info,voucher_core=debug`. `RUST_LOG` wins over it.
-    #[serde(default = "default_log_filter")]
-    pub filter: String,
-    /// `text` for people, `json` for log shippers.
-    #[serde(default = "default_log_format")]
-    pub format: String,
-}
-
-impl Default for LogSettings {
-    fn default() -> Self {
-        Self {
-            filter: default_log_filter(),
-            format: default_log_format(),
-        }
-    }
-}
-
-fn default_max_body_bytes() -> usize {
-    4096
-}
-fn default_max_connections() -> u32 {
-    20
-}
-fn default_acquire_timeout_ms() -> u64 {
-    2000
-}
-fn default_true() -> bool {
-    true
-}
-fn default_ttl_secs() -> u64 {
-    15 * 60
-}
-fn default_expiry_interval_ms() -> u64 {
-    5000
-}
-fn default_expiry_batch() -> i64 {
-    500
-}
-fn default_log_filter() -> String {
-    "info".into()
-}
-fn default_log_format() -> String {
-    "text".into()
 }
 
 impl Settings {
-    /// Reads the configuration file (`VOUCHER_CONFIG` or `config/core.toml`) and the
-    /// `VOUCHER__` environment variables.
+    /// Reads the configuration file (`VOUCHER_CONFIG`, or `config/core.toml` if it exists)
+    /// and the `VOUCHER__` environment variables over the defaults.
     pub fn load() -> anyhow::Result<Self> {
-        let path = std::env::var("VOUCHER_CONFIG").unwrap_or_else(|_| "config/core.toml".into());
-        Self::load_from(&path)
+        match std::env::var("VOUCHER_CONFIG") {
+            Ok(path) => Self::load_from(Some(&path)),
+            Err(_) => Self::load_from(None),
+        }
     }
 
     /// Refuses settings that would break a guarantee rather than a preference.
     pub fn validate(&self) -> anyhow::Result<()> {
         if let Some(kafka) = &self.kafka {
             anyhow::ensure!(
-                self.flash.reconcile_grace_ms > kafka.message_timeout_ms,
-                "flash.reconcile_grace_ms must exceed kafka.message_timeout_ms: a record \
-                 younger than that may still have its event written late"
+                self.flash.reconcile_grace > kafka.message_timeout,
+                "flash.reconcile_grace must exceed kafka.message_timeout: a record younger \
+                 than that may still have its event written late"
             );
         }
         anyhow::ensure!(
@@ -280,9 +265,14 @@ impl Settings {
         Ok(())
     }
 
-    pub fn load_from(path: &str) -> anyhow::Result<Self> {
+    /// `path` must exist when given; without it `config/core.toml` is read if present.
+    pub fn load_from(path: Option<&str>) -> anyhow::Result<Self> {
+        let file = match path {
+            Some(path) => config::File::with_name(path).required(true),
+            None => config::File::with_name("config/core.toml").required(false),
+        };
         let settings = config::Config::builder()
-            .add_source(config::File::with_name(path).required(true))
+            .add_source(file)
             .add_source(
                 config::Environment::with_prefix("VOUCHER")
                     .prefix_separator("__")
@@ -293,5 +283,62 @@ impl Settings {
             .try_deserialize::<Self>()?;
         settings.validate()?;
         Ok(settings)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use secrecy::ExposeSecret;
+
+    use super::*;
+
+    fn parse(toml: &str) -> anyhow::Result<Settings> {
+        let settings = config::Config::builder()
+            .add_source(config::File::from_str(toml, config::FileFormat::Toml))
+            .build()?
+            .try_deserialize::<Settings>()?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    #[test]
+    fn an_empty_file_is_the_defaults() {
+        let s = parse("").expect("defaults are valid");
+        assert_eq!(s.database.acquire_timeout, Duration::from_secs(2));
+        assert!(s.redis.is_none() && s.kafka.is_none());
+    }
+
+    #[test]
+    fn durations_are_written_with_their_unit() {
+        let s = parse(
+            "[redis]\ntimeout = \"250ms\"\n[kafka]\nmessage_timeout = \"2s\"\n\
+             [flash]\nreconcile_grace = \"1m\"\n[reservations]\nttl = \"15m\"",
+        )
+        .expect("valid");
+        assert_eq!(s.redis.expect("redis").timeout, Duration::from_millis(250));
+        assert_eq!(
+            s.kafka.expect("kafka").message_timeout,
+            Duration::from_secs(2)
+        );
+        assert_eq!(s.reservations.ttl(), chrono::Duration::minutes(15));
+        assert!(
+            parse("[redis]\ntimeout = 250").is_err(),
+            "a bare number has no unit"
+        );
+    }
+
+    #[test]
+    fn a_grace_within_the_message_timeout_is_refused() {
+        let err =
+            parse("[redis]\n[kafka]\nmessage_timeout = \"5s\"\n[flash]\nreconcile_grace = \"5s\"")
+                .expect_err("refused");
+        assert!(err.to_string().contains("reconcile_grace"), "{err}");
+    }
+
+    #[test]
+    fn secrets_never_print() {
+        let s = parse("[admin]\ntoken = \"s3cr3t\"").expect("valid");
+        assert_eq!(s.admin.token.expose_secret(), "s3cr3t");
+        assert!(!format!("{s:?}").contains("s3cr3t"));
     }
 }

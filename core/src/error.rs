@@ -1,14 +1,23 @@
 //! The one error type of the core, and the one place where errors become HTTP answers.
 //!
-//! Every variant knows its status and its stable `error` code. Bodies of 5xx answers say
-//! nothing about internals; the detail goes to the log.
+//! Every variant knows its status and its stable `error` code (the codes are the wire
+//! contract's, shared with the edge). Errors keep their cause as their `source`; they are
+//! logged once, with that chain, by the HTTP layer ([`crate::http::log_failures`]) or by the
+//! background job that met them, never where they are made. Bodies of 5xx answers say
+//! nothing about internals.
 
-use axum::http::{header, HeaderValue, StatusCode};
+use std::sync::Arc;
+
+use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
+use voucher_contract::{headers, ErrorCode, RETRY_AFTER_SECS};
 
 use crate::domain::{FieldError, Ineligibility};
+
+/// The cause of an unavailable dependency, kept for the log.
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -49,22 +58,46 @@ pub enum Error {
     #[error("{0} is not available as a voucher mode yet")]
     ModeUnavailable(&'static str),
     /// A dependency cannot be reached or is overloaded: the client may retry later.
-    #[error("{0} is unavailable")]
-    Unavailable(&'static str),
-    #[error("internal error: {0}")]
-    Internal(String),
+    #[error("{dependency} is unavailable")]
+    Unavailable {
+        dependency: &'static str,
+        #[source]
+        cause: Option<Cause>,
+    },
+    /// A bug or corrupt data: never the client's fault, never shown to it.
+    #[error("internal error")]
+    Internal(#[source] anyhow::Error),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Response header carrying the error code of every error answer.
-pub const ERROR_CODE_HEADER: axum::http::HeaderName =
-    axum::http::HeaderName::from_static("x-error-code");
-
-/// Seconds a client should wait before retrying a 503.
-const RETRY_AFTER_SECS: &str = "1";
-
 impl Error {
+    /// `dependency` cannot serve now, for a reason of our own (a gate rebuilding).
+    pub fn unavailable(dependency: &'static str) -> Self {
+        Self::Unavailable {
+            dependency,
+            cause: None,
+        }
+    }
+
+    /// `dependency` failed with `cause`.
+    pub fn unavailable_because(dependency: &'static str, cause: impl Into<Cause>) -> Self {
+        Self::Unavailable {
+            dependency,
+            cause: Some(cause.into()),
+        }
+    }
+
+    /// Something that cannot happen unless the code or the stored data is wrong.
+    pub fn internal(cause: impl Into<anyhow::Error>) -> Self {
+        Self::Internal(cause.into())
+    }
+
+    /// Data we wrote ourselves that does not parse back: `what` says which.
+    pub fn corrupt(what: impl std::fmt::Display) -> Self {
+        Self::Internal(anyhow::anyhow!("corrupt data: {what}"))
+    }
+
     pub fn status(&self) -> StatusCode {
         match self {
             Self::InvalidRequest(_) | Self::MalformedJson(_) | Self::ModeUnavailable(_) => {
@@ -85,34 +118,50 @@ impl Error {
             | Self::AlreadyReleased
             | Self::AlreadyConfirmed => StatusCode::CONFLICT,
             Self::NotEligible(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
     /// The stable code clients switch on.
-    pub fn code(&self) -> &'static str {
+    pub fn error_code(&self) -> ErrorCode {
         match self {
-            Self::InvalidRequest(_) | Self::ModeUnavailable(_) => "INVALID_REQUEST",
-            Self::MalformedJson(_) => "MALFORMED_JSON",
-            Self::UnsupportedMediaType => "UNSUPPORTED_MEDIA_TYPE",
-            Self::PayloadTooLarge { .. } => "PAYLOAD_TOO_LARGE",
-            Self::Unauthorized => "UNAUTHORIZED",
-            Self::Forbidden => "FORBIDDEN",
-            Self::RouteNotFound => "ROUTE_NOT_FOUND",
-            Self::MethodNotAllowed => "METHOD_NOT_ALLOWED",
-            Self::VoucherNotFound => "VOUCHER_NOT_FOUND",
-            Self::ReservationNotFound => "RESERVATION_NOT_FOUND",
-            Self::VoucherExists => "VOUCHER_EXISTS",
-            Self::OutOfStock => "OUT_OF_STOCK",
-            Self::AlreadyUsed => "ALREADY_USED",
-            Self::NotEligible(_) => "NOT_ELIGIBLE",
-            Self::OrderIdConflict => "ORDER_ID_CONFLICT",
-            Self::AlreadyReleased => "ALREADY_RELEASED",
-            Self::AlreadyConfirmed => "ALREADY_CONFIRMED",
-            Self::Unavailable(_) => "SERVICE_UNAVAILABLE",
-            Self::Internal(_) => "INTERNAL",
+            Self::InvalidRequest(_) | Self::ModeUnavailable(_) => ErrorCode::InvalidRequest,
+            Self::MalformedJson(_) => ErrorCode::MalformedJson,
+            Self::UnsupportedMediaType => ErrorCode::UnsupportedMediaType,
+            Self::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
+            Self::Unauthorized => ErrorCode::Unauthorized,
+            Self::Forbidden => ErrorCode::Forbidden,
+            Self::RouteNotFound => ErrorCode::RouteNotFound,
+            Self::MethodNotAllowed => ErrorCode::MethodNotAllowed,
+            Self::VoucherNotFound => ErrorCode::VoucherNotFound,
+            Self::ReservationNotFound => ErrorCode::ReservationNotFound,
+            Self::VoucherExists => ErrorCode::VoucherExists,
+            Self::OutOfStock => ErrorCode::OutOfStock,
+            Self::AlreadyUsed => ErrorCode::AlreadyUsed,
+            Self::NotEligible(_) => ErrorCode::NotEligible,
+            Self::OrderIdConflict => ErrorCode::OrderIdConflict,
+            Self::AlreadyReleased => ErrorCode::AlreadyReleased,
+            Self::AlreadyConfirmed => ErrorCode::AlreadyConfirmed,
+            Self::Unavailable { .. } => ErrorCode::ServiceUnavailable,
+            Self::Internal(_) => ErrorCode::Internal,
         }
+    }
+
+    pub fn code(&self) -> &'static str {
+        self.error_code().as_str()
+    }
+
+    /// The error and every cause under it, `: `-separated, for the log.
+    pub fn chain(&self) -> String {
+        let mut text = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(cause) = source {
+            text.push_str(": ");
+            text.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        text
     }
 
     fn body(&self) -> serde_json::Value {
@@ -132,38 +181,30 @@ impl Error {
                 "message": self.to_string(),
                 "reason": reason.code(),
             }),
-            // Nothing about internals leaves the process; the log has the detail.
-            Self::Internal(_) => json!({
-                "error": self.code(),
-                "message": "internal error",
-            }),
+            // Only the top line: causes name internals, and those stay in the log.
             _ => json!({ "error": self.code(), "message": self.to_string() }),
         }
     }
 }
 
-/// The error code of an answer, left on the response for the metrics layer to read.
-#[derive(Debug, Clone, Copy)]
-pub struct ErrorCode(pub &'static str);
-
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
         let status = self.status();
-        if status.is_server_error() {
-            tracing::error!(error = %self, code = self.code(), "request failed");
-        }
         let mut response = (status, Json(self.body())).into_response();
+        let headers = response.headers_mut();
         if status == StatusCode::SERVICE_UNAVAILABLE {
-            response.headers_mut().insert(
-                header::RETRY_AFTER,
-                HeaderValue::from_static(RETRY_AFTER_SECS),
+            headers.insert(
+                HeaderName::from_static(headers::RETRY_AFTER),
+                HeaderValue::from(RETRY_AFTER_SECS),
             );
         }
         // The code as a header too, so a proxy can act on it without parsing the body.
-        response
-            .headers_mut()
-            .insert(ERROR_CODE_HEADER, HeaderValue::from_static(self.code()));
-        response.extensions_mut().insert(ErrorCode(self.code()));
+        headers.insert(
+            HeaderName::from_static(headers::ERROR_CODE),
+            HeaderValue::from_static(self.code()),
+        );
+        // The error itself rides along for the layers that log and count it.
+        response.extensions_mut().insert(Arc::new(self));
         response
     }
 }
@@ -175,34 +216,33 @@ impl From<FieldError> for Error {
 }
 
 /// Database errors: constraint violations become client errors *by constraint name*;
-/// connection trouble becomes a 503 the client may retry; the rest is internal.
+/// connection trouble becomes a 503 the client may retry; the rest is internal. The
+/// original error stays as the cause.
 impl From<sqlx::Error> for Error {
     fn from(e: sqlx::Error) -> Self {
-        match &e {
+        let transient = match &e {
             sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
             | sqlx::Error::Io(_)
             | sqlx::Error::Tls(_)
-            | sqlx::Error::WorkerCrashed => {
-                tracing::warn!(error = %e, "database unavailable");
-                Self::Unavailable("database")
-            }
+            | sqlx::Error::WorkerCrashed => true,
             sqlx::Error::Database(db) => {
                 if let Some(known) = db.constraint().and_then(constraint_error) {
                     return known;
                 }
-                match db.code().as_deref() {
-                    // serialization failure, deadlock, too many connections, shutting down,
-                    // connection exceptions: transient, the client may retry.
-                    Some("40001" | "40P01" | "53300" | "57P01" | "57P02" | "57P03") => {
-                        tracing::warn!(error = %e, "database transiently refused");
-                        Self::Unavailable("database")
-                    }
-                    Some(code) if code.starts_with("08") => Self::Unavailable("database"),
-                    _ => Self::Internal(e.to_string()),
-                }
+                // serialization failure, deadlock, too many connections, shutting down,
+                // connection exceptions: transient, the client may retry.
+                matches!(
+                    db.code().as_deref(),
+                    Some("40001" | "40P01" | "53300" | "57P01" | "57P02" | "57P03")
+                ) || db.code().is_some_and(|c| c.starts_with("08"))
             }
-            _ => Self::Internal(e.to_string()),
+            _ => false,
+        };
+        if transient {
+            Self::unavailable_because("database", e)
+        } else {
+            Self::internal(e)
         }
     }
 }

@@ -23,7 +23,7 @@ pub struct ExpiryJob {
 impl ExpiryJob {
     /// Runs until `shutdown` is cancelled.
     pub async fn run(self, shutdown: CancellationToken) {
-        every(self.interval, &shutdown, || self.run_once()).await;
+        crate::periodic::every(self.interval, &shutdown, || self.run_once()).await;
     }
 
     /// Releases everything due now, one batch (one transaction) at a time.
@@ -49,27 +49,10 @@ impl ExpiryJob {
                 }
                 Err(e) => {
                     self.metrics.expiry_runs.with_label_values(&["error"]).inc();
-                    tracing::warn!(error = %e, "expiry run failed; will retry next tick");
+                    tracing::warn!(error = %e.chain(), "expiry run failed; will retry next tick");
                     return;
                 }
             }
-        }
-    }
-}
-
-/// Calls `round` every `interval` (a slow round delays the next rather than piling up)
-/// until `shutdown` is cancelled. The loop of every periodic job of the core.
-pub async fn every<F, Fut>(interval: Duration, shutdown: &CancellationToken, mut round: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = ticker.tick() => round().await,
         }
     }
 }

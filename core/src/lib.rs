@@ -1,31 +1,33 @@
 //! voucher-core: the service that decides whether an order may use a voucher, and never
 //! lets a voucher be used more often than its limit.
 //!
-//! Layout, from the outside in:
-//! - [`http`]: routes, extractors that parse untrusted input, the OpenAPI document;
+//! Layout, from the outside in (every module uses only those below it):
+//! - [`http`]: routes, extractors that parse untrusted input, the OpenAPI document, the
+//!   layers that count and log every answer;
 //! - [`service`]: the use cases, and the seam where each voucher mode decides;
-//! - [`flash`]: flash mode: the Redis [`gate`] decides, [`events`] carry it to PostgreSQL,
-//!   [`reconcile`] keeps the two in step;
-//! - [`domain`]: types that can only hold valid values (codes, ids, money, vouchers);
+//! - [`flash`]: flash mode: the Redis gate decides, Kafka events carry the decision to
+//!   PostgreSQL, rebuild and reconciliation keep the two in step;
+//! - [`expiry`], [`periodic`]: the job that gives back uses of abandoned reservations, and
+//!   the loop every periodic job runs in;
+//! - [`catalog`]: voucher definitions cached in memory (they never change);
 //! - [`store`]: every SQL statement; PostgreSQL's constraints are the last guard;
-//! - [`expiry`]: the job that gives back uses of abandoned reservations;
-//! - [`invariants`]: the checks of DESIGN.md that every concurrency test ends with;
+//! - [`domain`]: types that can only hold valid values (codes, ids, money, vouchers);
 //! - [`config`], [`metrics`], [`telemetry`], [`startup`]: running it.
 //!
-//! Errors: one enum, [`Error`], mapped to HTTP status and stable code in one place.
+//! Errors: one enum, [`Error`], mapped to HTTP status and stable code in one place
+//! (`error.rs`), keeping its cause. The architecture as a whole (edge, core, gate, broker,
+//! consumer, and the invariants they keep) is described in `ARCHITECTURE.md` at the root of
+//! the repository.
 
 pub mod catalog;
 pub mod config;
 pub mod domain;
 pub mod error;
-pub mod events;
 pub mod expiry;
 pub mod flash;
-pub mod gate;
 pub mod http;
-pub mod invariants;
 pub mod metrics;
-pub mod reconcile;
+pub mod periodic;
 pub mod service;
 pub mod startup;
 pub mod store;

@@ -14,7 +14,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::error::ErrorCode;
+use crate::Error;
 
 /// Latency buckets in seconds: fine below 10 ms, where the reservation path lives.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -262,9 +262,8 @@ pub async fn track(
     let response = next.run(request).await;
     let code = response
         .extensions()
-        .get::<ErrorCode>()
-        .map(|c| c.0)
-        .unwrap_or("OK");
+        .get::<std::sync::Arc<Error>>()
+        .map_or("OK", |e| e.code());
     metrics
         .http_requests
         .with_label_values(&[&method, &route, response.status().as_str(), code])

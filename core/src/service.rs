@@ -68,7 +68,7 @@ impl VoucherService {
             // If Redis is down now, the first reservation finds the gate unloaded and
             // rebuilds it; nothing is lost by not failing the creation.
             if let Err(e) = flash.warm_up(&voucher).await {
-                tracing::warn!(error = %e, code = %voucher.code, "gate not warmed up; it will be rebuilt on demand");
+                tracing::warn!(error = %e.chain(), code = %voucher.code, "gate not warmed up; it will be rebuilt on demand");
             }
         }
         Ok(voucher)
@@ -131,16 +131,21 @@ impl VoucherService {
         }
     }
 
+    /// Releases a reservation. Flash mode gives the use back to its gate, which tells the
+    /// edges; a standard voucher has no gate, but edges may still hold a sold-out flag for
+    /// it, so they are told too (when Redis is configured).
     pub async fn release(&self, code: &VoucherCode, order_id: &OrderId) -> Result<Reservation> {
-        let released = match self.mode_of(code).await? {
-            VoucherMode::Standard => self.store.release(code, order_id, Utc::now()).await?,
-            VoucherMode::Flash => self.flash_path()?.release(code, order_id).await?,
-        };
-        self.announce_available(code).await;
-        Ok(released)
+        match self.mode_of(code).await? {
+            VoucherMode::Standard => {
+                let released = self.store.release(code, order_id, Utc::now()).await?;
+                self.announce_available(code).await;
+                Ok(released)
+            }
+            VoucherMode::Flash => self.flash_path()?.release(code, order_id).await,
+        }
     }
 
-    /// Tells the edges a use of `code` is available again (when Redis is configured).
+    /// Tells the edges a use of a standard voucher is available again.
     async fn announce_available(&self, code: &VoucherCode) {
         if let Some(flash) = &self.flash {
             flash.gate().announce_available(code).await;
@@ -156,25 +161,26 @@ impl VoucherService {
                 .gate()
                 .order_ids(code)
                 .await?
-                .ok_or(Error::Unavailable("voucher gate (rebuilding)")),
+                .ok_or(Error::unavailable("voucher gate (rebuilding)")),
             _ => self.store.voucher_order_ids(code).await,
         }
     }
 
-    /// Gives the gate its uses back after the expiry job released them in PostgreSQL.
-    pub async fn after_expiry(&self, released: &[crate::store::ExpiredReservation]) {
+    /// After the expiry job released reservations in PostgreSQL: flash gates get their
+    /// uses back (and tell the edges); edges hear of standard vouchers' uses too.
+    pub async fn after_expiry(&self, released: &[Reservation]) {
         let Some(flash) = &self.flash else { return };
-        let mut codes = std::collections::BTreeSet::new();
+        let mut standard = std::collections::BTreeSet::new();
         for r in released {
-            if let Ok(voucher) = self.catalog.get(&r.voucher_code).await {
-                if voucher.mode == VoucherMode::Flash {
-                    flash.give_back_released(&r.voucher_code, &r.order_id).await;
+            match self.catalog.get(&r.voucher_code).await.map(|v| v.mode) {
+                Ok(VoucherMode::Flash) => flash.released_in_db(&r.voucher_code, &r.order_id).await,
+                _ => {
+                    standard.insert(&r.voucher_code);
                 }
             }
-            codes.insert(&r.voucher_code);
         }
-        for code in codes {
-            flash.gate().announce_available(code).await;
+        for code in standard {
+            self.announce_available(code).await;
         }
     }
 

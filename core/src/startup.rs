@@ -9,14 +9,14 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
-use crate::events::consumer::EventConsumer;
-use crate::events::topics::ensure_topics;
 use crate::expiry::ExpiryJob;
+use crate::flash::events::consumer::EventConsumer;
+use crate::flash::events::topics::ensure_topics;
+use crate::flash::gate::Gate;
+use crate::flash::reconcile::Reconciler;
 use crate::flash::FlashPath;
-use crate::gate::Gate;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
-use crate::reconcile::Reconciler;
 use crate::service::VoucherService;
 use crate::store::Store;
 
@@ -44,10 +44,7 @@ impl Application {
                 ensure_topics(kafka)
                     .await
                     .context("creating Kafka topics")?;
-                let timeout = std::time::Duration::from_millis(redis.timeout_ms);
-                let gate = Gate::connect(&redis.url, &redis.key_prefix, timeout)
-                    .await
-                    .context("connecting to Redis")?;
+                let gate = Gate::connect(redis).await.context("connecting to Redis")?;
                 let flash = FlashPath::new(
                     gate,
                     kafka,
@@ -64,13 +61,9 @@ impl Application {
                     flash: flash.clone(),
                     store: store.clone(),
                     metrics: metrics.clone(),
-                    interval: std::time::Duration::from_millis(
-                        settings.flash.reconcile_interval_ms,
-                    ),
-                    grace: chrono::Duration::milliseconds(settings.flash.reconcile_grace_ms as i64),
-                    catch_up_timeout: std::time::Duration::from_millis(
-                        settings.flash.catch_up_timeout_ms,
-                    ),
+                    interval: settings.flash.reconcile_interval,
+                    grace: settings.flash.reconcile_grace,
+                    catch_up_timeout: settings.flash.catch_up_timeout,
                 });
                 (Some(flash), consumer, reconciler)
             }
@@ -84,14 +77,14 @@ impl Application {
         );
         let state = AppState {
             service,
-            admin_token: settings.admin.token.as_str().into(),
+            admin_token: settings.admin.token.clone(),
         };
         let service = state.service.clone();
         let (router, _doc) = http::api_router(state, metrics.clone(), settings.http.max_body_bytes);
         let expiry = settings.reservations.expiry_enabled.then(|| ExpiryJob {
             service,
             metrics: metrics.clone(),
-            interval: settings.reservations.expiry_interval(),
+            interval: settings.reservations.expiry_interval,
             batch: settings.reservations.expiry_batch,
         });
         let api_listener = TcpListener::bind(settings.http.listen)

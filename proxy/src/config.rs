@@ -1,9 +1,13 @@
-//! Edge configuration: a YAML file, then `EDGE__<KEY>` environment variables on top.
+//! Edge configuration: defaults here, then a YAML file, then `EDGE__<KEY>` environment
+//! variables on top. Durations are written with their unit (`"500ms"`, `"2s"`).
 
+use std::time::Duration;
+
+use secrecy::SecretString;
 use serde::Deserialize;
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct EdgeSettings {
     /// Public listener.
     pub listen: String,
@@ -13,71 +17,63 @@ pub struct EdgeSettings {
     pub upstreams: Vec<String>,
     /// Bearer token for the core's admin calls the edge makes (the order list of a
     /// sold-out voucher). Never forwarded from clients: admin calls are refused at the edge.
-    #[serde(default)]
-    pub admin_token: String,
+    pub admin_token: SecretString,
     /// How long a sold-out flag answers for the core.
-    #[serde(default = "default_sold_out_ttl_ms")]
-    pub sold_out_ttl_ms: u64,
+    #[serde(with = "humantime_serde")]
+    pub sold_out_ttl: Duration,
     /// Vouchers with a flag at once, at most.
-    #[serde(default = "default_cache_capacity")]
     pub cache_capacity: u64,
     /// Request bodies above this get 413 at the edge.
-    #[serde(default = "default_max_body_bytes")]
     pub max_body_bytes: usize,
-    #[serde(default = "default_health_check_interval_ms")]
-    pub health_check_interval_ms: u64,
-    #[serde(default = "default_connect_timeout_ms")]
-    pub upstream_connect_timeout_ms: u64,
-    #[serde(default = "default_upstream_read_timeout_ms")]
-    pub upstream_read_timeout_ms: u64,
+    #[serde(with = "humantime_serde")]
+    pub health_check_interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub upstream_connect_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub upstream_read_timeout: Duration,
     /// A client that sends nothing for this long (headers or body) is cut off.
-    #[serde(default = "default_client_timeout_ms")]
-    pub client_timeout_ms: u64,
+    #[serde(with = "humantime_serde")]
+    pub client_timeout: Duration,
     /// Redis whose Pub/Sub channel announces uses given back (optional): flags drop at once.
-    #[serde(default)]
     pub redis_url: Option<String>,
-    #[serde(default = "default_channel")]
-    pub availability_channel: String,
+    /// The cores' Redis key prefix: the availability channel is derived from it, as the
+    /// cores derive it (see `voucher_contract::availability_channel`).
+    pub key_prefix: String,
     /// Worker threads of the proxy service.
-    #[serde(default = "default_threads")]
     pub threads: usize,
 }
 
-fn default_sold_out_ttl_ms() -> u64 {
-    2000
-}
-fn default_cache_capacity() -> u64 {
-    100_000
-}
-fn default_max_body_bytes() -> usize {
-    4096
-}
-fn default_health_check_interval_ms() -> u64 {
-    500
-}
-fn default_connect_timeout_ms() -> u64 {
-    500
-}
-fn default_upstream_read_timeout_ms() -> u64 {
-    10_000
-}
-fn default_client_timeout_ms() -> u64 {
-    5000
-}
-fn default_channel() -> String {
-    "vg:available".into()
-}
-fn default_threads() -> usize {
-    2
+impl Default for EdgeSettings {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            metrics_listen: "127.0.0.1:9180".into(),
+            upstreams: vec!["127.0.0.1:8081".into()],
+            admin_token: SecretString::default(),
+            sold_out_ttl: Duration::from_secs(2),
+            cache_capacity: 100_000,
+            max_body_bytes: 4096,
+            health_check_interval: Duration::from_millis(500),
+            upstream_connect_timeout: Duration::from_millis(500),
+            upstream_read_timeout: Duration::from_secs(10),
+            client_timeout: Duration::from_secs(5),
+            redis_url: None,
+            key_prefix: voucher_contract::DEFAULT_KEY_PREFIX.into(),
+            threads: 2,
+        }
+    }
 }
 
 impl EdgeSettings {
-    /// Reads `EDGE_CONFIG` (default `config/edge.yaml`) and `EDGE__*` variables;
+    /// Reads `EDGE_CONFIG` (or `config/edge.yaml` if it exists) and `EDGE__*` variables;
     /// lists are comma-separated there (`EDGE__UPSTREAMS=127.0.0.1:8081,127.0.0.1:8082`).
     pub fn load() -> anyhow::Result<Self> {
-        let path = std::env::var("EDGE_CONFIG").unwrap_or_else(|_| "config/edge.yaml".into());
+        let file = match std::env::var("EDGE_CONFIG") {
+            Ok(path) => config::File::with_name(&path).required(true),
+            Err(_) => config::File::with_name("config/edge.yaml").required(false),
+        };
         let settings: Self = config::Config::builder()
-            .add_source(config::File::with_name(&path).required(true))
+            .add_source(file)
             .add_source(
                 config::Environment::with_prefix("EDGE")
                     .prefix_separator("__")
@@ -93,5 +89,32 @@ impl EdgeSettings {
             "at least one upstream is needed"
         );
         Ok(settings)
+    }
+
+    pub fn availability_channel(&self) -> String {
+        voucher_contract::availability_channel(&self.key_prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_the_channel_come_from_the_file() {
+        let s: EdgeSettings = config::Config::builder()
+            .add_source(config::File::from_str(
+                "sold_out_ttl: 250ms\nkey_prefix: \"shop:\"\nadmin_token: t0k3n",
+                config::FileFormat::Yaml,
+            ))
+            .build()
+            .and_then(|c| c.try_deserialize())
+            .expect("valid");
+        assert_eq!(s.sold_out_ttl, Duration::from_millis(250));
+        assert_eq!(s.availability_channel(), "shop:available");
+        assert!(
+            !format!("{s:?}").contains("t0k3n"),
+            "the token never prints"
+        );
     }
 }

@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -12,17 +12,13 @@ use pingora::lb::LoadBalancer;
 use pingora::prelude::{HttpPeer, ProxyHttp, Session};
 use pingora::proxy::FailToProxy;
 use pingora::{Error, ErrorType, Result};
+use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
+use voucher_contract::{headers, ErrorCode, Route, RETRY_AFTER_SECS};
 
 use crate::config::EdgeSettings;
 use crate::metrics::EdgeMetrics;
-use crate::route::Route;
 use crate::sold_out::{SoldOutCache, Verdict};
-
-/// Header set on answers the edge gave itself.
-pub const SERVED_BY_HEADER: &str = "x-served-by";
-/// Header the core sets on error answers, with the error code.
-const ERROR_CODE_HEADER: &str = "x-error-code";
 
 pub struct Edge {
     pub upstreams: Arc<LoadBalancer<RoundRobin>>,
@@ -57,18 +53,19 @@ impl Edge {
         &self,
         session: &mut Session,
         status: u16,
-        code: &str,
+        code: ErrorCode,
         message: &str,
     ) -> Result<()> {
-        let body =
-            Bytes::from(serde_json::json!({ "error": code, "message": message }).to_string());
+        let body = Bytes::from(
+            serde_json::json!({ "error": code.as_str(), "message": message }).to_string(),
+        );
         let mut header = ResponseHeader::build(status, Some(4))?;
         header.insert_header("content-type", "application/json")?;
         header.insert_header("content-length", body.len().to_string())?;
-        header.insert_header(SERVED_BY_HEADER, "edge")?;
-        header.insert_header(ERROR_CODE_HEADER, code)?;
+        header.insert_header(headers::SERVED_BY, "edge")?;
+        header.insert_header(headers::ERROR_CODE, code.as_str())?;
         if status == 503 {
-            header.insert_header("retry-after", "1")?;
+            header.insert_header(headers::RETRY_AFTER, RETRY_AFTER_SECS.to_string())?;
         }
         session.set_keepalive(Some(60));
         session
@@ -81,7 +78,7 @@ impl Edge {
     async fn too_large(&self, session: &mut Session) -> Result<()> {
         let limit = self.settings.max_body_bytes;
         let message = format!("the request body is larger than {limit} bytes");
-        self.answer(session, 413, "PAYLOAD_TOO_LARGE", &message)
+        self.answer(session, 413, ErrorCode::PayloadTooLarge, &message)
             .await
     }
 
@@ -137,7 +134,7 @@ async fn fetch_orders(
     http: &reqwest::Client,
     addr: &str,
     code: &str,
-    token: &str,
+    token: &SecretString,
 ) -> Result<HashSet<String>, String> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
@@ -145,8 +142,8 @@ async fn fetch_orders(
         order_ids: Vec<String>,
     }
     let resp = http
-        .get(format!("http://{addr}/vouchers/{code}/orders"))
-        .bearer_auth(token)
+        .get(format!("http://{addr}{}", Route::order_ids_path(code)))
+        .bearer_auth(token.expose_secret())
         .send()
         .await
         .map_err(|e| e.to_string())?;
@@ -172,7 +169,7 @@ impl ProxyHttp for Edge {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
         // Slow or stalled clients are cut off; the core never waits on them.
-        let timeout = Some(Duration::from_millis(self.settings.client_timeout_ms));
+        let timeout = Some(self.settings.client_timeout);
         session.as_mut().set_read_timeout(timeout);
         let header = session.req_header();
         ctx.route = Route::classify(header.method.as_str(), header.uri.path());
@@ -182,12 +179,12 @@ impl ProxyHttp for Edge {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<usize>().ok());
 
-        if ctx.route == Route::Admin {
+        if ctx.route.is_admin() {
             ctx.outcome = "admin_refused";
             self.answer(
                 session,
                 403,
-                "FORBIDDEN",
+                ErrorCode::Forbidden,
                 "admin calls are not served on the public listener",
             )
             .await?;
@@ -212,8 +209,13 @@ impl ProxyHttp for Edge {
             .and_then(|b| b.order_id);
         if self.sold_out.verdict(&code, order_id.as_deref()) == Verdict::SoldOut {
             ctx.outcome = "sold_out";
-            self.answer(session, 409, "OUT_OF_STOCK", "the voucher has no uses left")
-                .await?;
+            self.answer(
+                session,
+                409,
+                ErrorCode::OutOfStock,
+                "the voucher has no uses left",
+            )
+            .await?;
             return Ok(true);
         }
         Ok(false)
@@ -228,12 +230,8 @@ impl ProxyHttp for Edge {
             })
             .ok_or_else(|| Error::explain(ErrorType::HTTPStatus(503), "no healthy core"))?;
         let mut peer = HttpPeer::new(backend.addr.clone(), false, String::new());
-        peer.options.connection_timeout = Some(Duration::from_millis(
-            self.settings.upstream_connect_timeout_ms,
-        ));
-        peer.options.read_timeout = Some(Duration::from_millis(
-            self.settings.upstream_read_timeout_ms,
-        ));
+        peer.options.connection_timeout = Some(self.settings.upstream_connect_timeout);
+        peer.options.read_timeout = Some(self.settings.upstream_read_timeout);
         Ok(Box::new(peer))
     }
 
@@ -290,8 +288,9 @@ impl ProxyHttp for Edge {
             let out_of_stock = response.status.as_u16() == 409
                 && response
                     .headers
-                    .get(ERROR_CODE_HEADER)
-                    .is_some_and(|v| v.as_bytes() == b"OUT_OF_STOCK");
+                    .get(headers::ERROR_CODE)
+                    .and_then(|v| ErrorCode::parse(v.as_bytes()))
+                    == Some(ErrorCode::OutOfStock);
             if out_of_stock {
                 self.flag_sold_out(code);
             }
@@ -306,17 +305,17 @@ impl ProxyHttp for Edge {
                     .upstream_errors
                     .with_label_values(&["no_upstream"])
                     .inc();
-                (503, "SERVICE_UNAVAILABLE", "no core is available")
+                (503, ErrorCode::ServiceUnavailable, "no core is available")
             }
             _ if e.esource() == &pingora::ErrorSource::Downstream => {
-                (400, "BAD_REQUEST", "the request could not be read")
+                (400, ErrorCode::BadRequest, "the request could not be read")
             }
             _ => {
                 self.metrics
                     .upstream_errors
                     .with_label_values(&["proxy"])
                     .inc();
-                (502, "BAD_GATEWAY", "the core did not answer")
+                (502, ErrorCode::BadGateway, "the core did not answer")
             }
         };
         ctx.outcome = "upstream_error";

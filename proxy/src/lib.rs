@@ -7,12 +7,14 @@
 //! - [`edge`]: the `ProxyHttp` phases (admin refusal, body limit, the flag, upstream choice);
 //! - [`sold_out`]: the flags and the order lists that let retries of holders through;
 //! - [`signals`]: drops a flag at once when a core announces a use given back;
-//! - [`route`], [`config`], [`metrics`], [`server`]: the rest.
+//! - [`config`], [`metrics`], [`server`]: the rest.
+//!
+//! What the edge shares with the cores (header names, error codes, the route table, the
+//! availability channel) comes from the `voucher-contract` crate, never from a copy.
 
 pub mod config;
 pub mod edge;
 pub mod metrics;
-pub mod route;
 pub mod server;
 pub mod signals;
 pub mod sold_out;

@@ -1,10 +1,10 @@
-//! The edge's Prometheus metrics, served on `metrics_listen`.
+//! The edge's Prometheus metrics. The server registers them in the process's default
+//! registry, which pingora's own Prometheus service serves on `metrics_listen`.
 
 use std::sync::Arc;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
 };
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -12,7 +12,6 @@ const LATENCY_BUCKETS: &[f64] = &[
 ];
 
 pub struct EdgeMetrics {
-    registry: Registry,
     /// Requests by route and by what the edge did (`forwarded`, or the reason it answered).
     pub requests: IntCounterVec,
     pub duration: HistogramVec,
@@ -27,8 +26,9 @@ pub struct EdgeMetrics {
 }
 
 impl EdgeMetrics {
-    pub fn new() -> Arc<Self> {
-        let registry = Registry::new();
+    /// The metrics, registered in `registry` (the default one in the server; a fresh one
+    /// in unit tests, which may build several).
+    pub fn new(registry: &Registry) -> anyhow::Result<Arc<Self>> {
         let requests = IntCounterVec::new(
             Opts::new("edge_requests_total", "Requests by route and edge outcome"),
             &["route", "outcome"],
@@ -68,9 +68,7 @@ impl EdgeMetrics {
             Box::new(availability_signals.clone()),
             Box::new(flags.clone()),
         ] {
-            registry
-                .register(c)
-                .expect("each metric is registered once");
+            registry.register(c)?;
         }
         // Series that exist from the start (at 0), for dashboards and alerts.
         for outcome in ["forwarded", "sold_out", "too_large", "upstream_error"] {
@@ -79,22 +77,13 @@ impl EdgeMetrics {
         for kind in ["connect", "proxy", "no_upstream"] {
             upstream_errors.with_label_values(&[kind]);
         }
-        Arc::new(Self {
-            registry,
+        Ok(Arc::new(Self {
             requests,
             duration,
             upstream_errors,
             flags_set,
             availability_signals,
             flags,
-        })
-    }
-
-    pub fn render(&self) -> String {
-        let mut buf = Vec::new();
-        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
-            tracing::error!(error = %e, "cannot encode metrics");
-        }
-        String::from_utf8(buf).unwrap_or_default()
+        }))
     }
 }

@@ -1,5 +1,5 @@
 //! Assembling the Pingora server: the proxy service, upstream health checks, the
-//! availability subscription and the metrics listener.
+//! availability subscription and pingora's Prometheus service on the metrics listener.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,44 +17,25 @@ use crate::metrics::EdgeMetrics;
 use crate::signals::AvailabilitySignals;
 use crate::sold_out::SoldOutCache;
 
-/// Serves `GET /metrics` on its own listener.
-struct MetricsListener {
-    addr: String,
+/// Keeps the gauge of sold-out flags current (flags also end by their TTL, which no
+/// event announces).
+struct FlagGauge {
     metrics: Arc<EdgeMetrics>,
     sold_out: SoldOutCache,
 }
 
 #[async_trait]
-impl BackgroundService for MetricsListener {
+impl BackgroundService for FlagGauge {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let (metrics, sold_out) = (self.metrics.clone(), self.sold_out.clone());
-        let app = axum::Router::new().route(
-            "/metrics",
-            axum::routing::get(move || {
-                let (metrics, sold_out) = (metrics.clone(), sold_out.clone());
-                async move {
-                    metrics
-                        .flags
-                        .set(i64::try_from(sold_out.len()).unwrap_or(i64::MAX));
-                    metrics.render()
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tick.tick() => {
+                    let n = i64::try_from(self.sold_out.len()).unwrap_or(i64::MAX);
+                    self.metrics.flags.set(n);
                 }
-            }),
-        );
-        let listener = match tokio::net::TcpListener::bind(&self.addr).await {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::error!(addr = %self.addr, error = %e, "cannot bind the metrics listener");
-                return;
             }
-        };
-        let stop = async move {
-            let _ = shutdown.changed().await;
-        };
-        if let Err(e) = axum::serve(listener, app)
-            .with_graceful_shutdown(stop)
-            .await
-        {
-            tracing::error!(error = %e, "metrics listener failed");
         }
     }
 }
@@ -73,18 +54,13 @@ pub fn build(settings: EdgeSettings) -> anyhow::Result<Server> {
 
     let mut upstreams = LoadBalancer::try_from_iter(settings.upstreams.iter().map(String::as_str))?;
     let mut check = TcpHealthCheck::new();
-    check.peer_template.options.connection_timeout =
-        Some(Duration::from_millis(settings.upstream_connect_timeout_ms));
+    check.peer_template.options.connection_timeout = Some(settings.upstream_connect_timeout);
     upstreams.set_health_check(check);
-    upstreams.health_check_frequency =
-        Some(Duration::from_millis(settings.health_check_interval_ms));
+    upstreams.health_check_frequency = Some(settings.health_check_interval);
     let health = background_service("core health checks", upstreams);
 
-    let metrics = EdgeMetrics::new();
-    let sold_out = SoldOutCache::new(
-        Duration::from_millis(settings.sold_out_ttl_ms),
-        settings.cache_capacity,
-    );
+    let metrics = EdgeMetrics::new(prometheus::default_registry())?;
+    let sold_out = SoldOutCache::new(settings.sold_out_ttl, settings.cache_capacity);
     let edge = Edge {
         upstreams: health.task(),
         sold_out: sold_out.clone(),
@@ -98,10 +74,13 @@ pub fn build(settings: EdgeSettings) -> anyhow::Result<Server> {
     proxy.add_tcp(&settings.listen);
     server.add_service(proxy);
     server.add_service(health);
+    // pingora's own Prometheus service: the default registry, on its own listener.
+    let mut metrics_service = pingora_prometheus::prometheus_http_service();
+    metrics_service.add_tcp(&settings.metrics_listen);
+    server.add_service(metrics_service);
     server.add_service(background_service(
-        "metrics listener",
-        MetricsListener {
-            addr: settings.metrics_listen.clone(),
+        "sold-out flag gauge",
+        FlagGauge {
             metrics: metrics.clone(),
             sold_out: sold_out.clone(),
         },
@@ -111,7 +90,7 @@ pub fn build(settings: EdgeSettings) -> anyhow::Result<Server> {
             "availability signals",
             AvailabilitySignals {
                 redis_url: url.clone(),
-                channel: settings.availability_channel.clone(),
+                channel: settings.availability_channel(),
                 sold_out,
                 metrics,
             },

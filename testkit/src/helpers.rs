@@ -4,19 +4,18 @@
 use std::future::Future;
 use std::time::Duration as StdDuration;
 
-use futures::StreamExt;
-
 use chrono::{DateTime, Duration, Utc};
 use reqwest::{Response, StatusCode};
 use serde_json::{json, Value};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
-use voucher_core::config::{
-    AdminSettings, DatabaseSettings, HttpSettings, LogSettings, ReservationSettings, Settings,
-};
-use voucher_core::invariants::{self, Accepted};
+use voucher_core::config::Settings;
 use voucher_core::startup::Application;
+
+use crate::invariants::{self, Accepted};
+use crate::metrics::Metrics;
+use crate::sale::Attempt;
 
 pub const ADMIN_TOKEN: &str = "test-admin-token";
 
@@ -60,34 +59,20 @@ impl TestDb {
     }
 }
 
+/// The core's settings for a test on `db_url`: ports 0, no background jobs (tests start
+/// the ones they need), everything else as the defaults.
 pub fn settings_for(db_url: &str) -> Settings {
-    Settings {
-        http: HttpSettings {
-            listen: "127.0.0.1:0".parse().expect("valid address"),
-            metrics_listen: "127.0.0.1:0".parse().expect("valid address"),
-            max_body_bytes: 4096,
-        },
-        database: DatabaseSettings {
-            url: db_url.to_owned(),
-            max_connections: 10,
-            // Tests check behaviour, not speed: a slow shared machine must not turn into 503s.
-            acquire_timeout_ms: 60_000,
-            migrate: true,
-        },
-        admin: AdminSettings {
-            token: ADMIN_TOKEN.into(),
-        },
-        reservations: ReservationSettings {
-            ttl_secs: 900,
-            expiry_interval_ms: 60_000,
-            expiry_batch: 500,
-            expiry_enabled: false,
-        },
-        log: LogSettings::default(),
-        redis: None,
-        kafka: None,
-        flash: Default::default(),
-    }
+    let mut s = Settings::default();
+    s.http.listen = "127.0.0.1:0".parse().expect("valid address");
+    s.http.metrics_listen = "127.0.0.1:0".parse().expect("valid address");
+    s.database.url = db_url.into();
+    s.database.max_connections = 10;
+    // Tests check behaviour, not speed: a slow shared machine must not turn into 503s.
+    s.database.acquire_timeout = StdDuration::from_secs(60);
+    s.admin.token = ADMIN_TOKEN.into();
+    s.reservations.expiry_interval = StdDuration::from_secs(60);
+    s.reservations.expiry_enabled = false;
+    s
 }
 
 /// Calls the API at `base` (a core, or an edge in front of cores).
@@ -138,15 +123,24 @@ impl TestApp {
     }
 
     pub async fn metrics_text(&self) -> String {
-        self.client
-            .get(format!("{}/metrics", self.metrics_base))
-            .send()
-            .await
-            .expect("metrics reachable")
-            .text()
-            .await
-            .expect("text")
+        metrics_text(&self.client, &self.metrics_base).await
     }
+
+    pub async fn metrics(&self) -> Metrics {
+        Metrics::parse(&self.metrics_text().await)
+    }
+}
+
+/// `GET {base}/metrics`.
+pub async fn metrics_text(client: &reqwest::Client, base: &str) -> String {
+    client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("metrics reachable")
+        .text()
+        .await
+        .expect("text")
 }
 
 impl ApiClient {
@@ -188,6 +182,20 @@ impl ApiClient {
             &json!({ "customerId": customer, "orderId": order, "orderAmount": amount }),
         )
         .await
+    }
+
+    /// A reservation, read whole.
+    pub async fn attempt(&self, code: &str, customer: &str, order: &str, amount: i64) -> Attempt {
+        let resp = self.reserve(code, customer, order, amount).await;
+        let status = resp.status();
+        let body: Value = resp.json().await.expect("every answer is JSON");
+        Attempt {
+            voucher: code.to_owned(),
+            customer: customer.to_owned(),
+            order: order.to_owned(),
+            status,
+            body,
+        }
     }
 
     pub async fn confirm(&self, code: &str, order: &str) -> Response {
@@ -257,7 +265,7 @@ impl TestEnv {
         Self { db, app, pool }
     }
 
-    /// Checks DESIGN.md's invariants given every 201 the test saw, then cleans up.
+    /// Checks the invariants given every 201 the test saw, then cleans up.
     pub async fn finish(self, accepted: &[Accepted]) {
         let report = invariants::check(&self.pool, accepted)
             .await
@@ -298,104 +306,6 @@ pub fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
-/// What one reservation attempt returned.
-#[derive(Debug, Clone)]
-pub struct Attempt {
-    pub customer: String,
-    pub order: String,
-    pub status: StatusCode,
-    pub body: Value,
-}
-
-impl Attempt {
-    pub fn code(&self) -> &str {
-        self.body["error"].as_str().unwrap_or("")
-    }
-}
-
-/// Runs all `attempts` at once (each a (customer, order) pair) against one voucher.
-pub async fn reserve_concurrently(
-    app: &ApiClient,
-    code: &str,
-    attempts: Vec<(String, String)>,
-) -> Vec<Attempt> {
-    run_all(attempts.into_iter().map(|(customer, order)| async move {
-        let resp = app.reserve(code, &customer, &order, 100_000).await;
-        let status = resp.status();
-        let body: Value = resp.json().await.expect("every answer is JSON");
-        Attempt {
-            customer,
-            order,
-            status,
-            body,
-        }
-    }))
-    .await
-}
-
 pub async fn run_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
     futures::future::join_all(futures).await
-}
-
-/// The 201s among `attempts`, as the invariant checker wants them (retries once).
-pub fn accepted(code: &str, attempts: &[Attempt]) -> Vec<Accepted> {
-    let mut seen = std::collections::HashSet::new();
-    attempts
-        .iter()
-        .filter(|a| a.status == StatusCode::CREATED && seen.insert(a.order.clone()))
-        .map(|a| Accepted {
-            voucher_code: code.to_owned(),
-            customer_id: a.customer.clone(),
-            order_id: a.order.clone(),
-        })
-        .collect()
-}
-
-pub fn count(attempts: &[Attempt], status: StatusCode, code: &str) -> usize {
-    attempts
-        .iter()
-        .filter(|a| a.status == status && a.code() == code)
-        .count()
-}
-
-/// `n` reservations by distinct customers, at most `in_flight` at a time. A 503 is retried
-/// with the same orderId (as a checkout would), up to `retries` times, `pause` apart.
-pub async fn sale(
-    app: &ApiClient,
-    code: &str,
-    tag: &str,
-    n: usize,
-    in_flight: usize,
-    retries: usize,
-    pause: StdDuration,
-) -> (Vec<Attempt>, usize) {
-    let results: Vec<(Attempt, usize)> = futures::stream::iter(0..n)
-        .map(|i| async move {
-            let (customer, order) = (format!("{tag}-c{i}"), format!("{tag}-o{i}"));
-            let mut unavailable = 0;
-            loop {
-                let resp = app.reserve(code, &customer, &order, 100_000).await;
-                let status = resp.status();
-                let body: Value = resp.json().await.expect("every answer is JSON");
-                if status == StatusCode::SERVICE_UNAVAILABLE && unavailable < retries {
-                    unavailable += 1;
-                    tokio::time::sleep(pause).await;
-                    continue;
-                }
-                return (
-                    Attempt {
-                        customer,
-                        order,
-                        status,
-                        body,
-                    },
-                    unavailable,
-                );
-            }
-        })
-        .buffer_unordered(in_flight)
-        .collect()
-        .await;
-    let unavailable = results.iter().map(|(_, u)| u).sum();
-    (results.into_iter().map(|(a, _)| a).collect(), unavailable)
 }

@@ -1,42 +1,39 @@
-//! The flash-mode stack for tests: a Kafka-protocol broker of the test's own (tansu, on a
-//! free port, its data in a temporary SQLite file), the shared local Redis under a key
-//! prefix of the test's own, and a topic and consumer group of the test's own.
+//! The flash-mode stack for tests, the one every flash and edge test runs on: a
+//! Kafka-protocol broker of the test's own (tansu, on a free port, its data in a temporary
+//! SQLite file), the shared local Redis under a key prefix of the test's own, a topic and a
+//! consumer group of the test's own, one or more cores, and optionally the real edge binary
+//! in front of them.
 
-use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use voucher_core::config::{FlashSettings, KafkaSettings, RedisSettings, Settings};
-use voucher_core::events::progress::Progress;
-use voucher_core::gate::Gate;
-use voucher_core::invariants::{self, Accepted};
+use serde_json::json;
+use sqlx::PgPool;
+use voucher_core::config::{KafkaSettings, RedisSettings, Settings};
+use voucher_core::flash::events::progress::Progress;
+use voucher_core::flash::gate::Gate;
 
-use crate::helpers::{settings_for, TestDb, TestEnv};
+use crate::helpers::{metrics_text, settings_for, ApiClient, TestApp, TestDb, ADMIN_TOKEN};
+use crate::invariants::{self, Accepted};
+use crate::metrics::Metrics;
+use crate::wait::eventually;
+use crate::{free_port, TempDir};
 
 pub const REDIS_URL: &str = "redis://127.0.0.1:6379/";
 
 /// A tansu broker owned by one test. Stopped (killed) when dropped.
 pub struct Broker {
     pub port: u16,
-    dir: PathBuf,
+    dir: TempDir,
     child: Option<Child>,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 impl Broker {
     pub async fn start() -> Self {
-        let dir = std::env::temp_dir().join(format!("vt-broker-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&dir).expect("broker dir");
         let mut broker = Self {
             port: free_port(),
-            dir,
+            dir: TempDir::new("broker"),
             child: None,
         };
         broker.resume().await;
@@ -59,19 +56,17 @@ impl Broker {
                 &url,
             ])
             .args(["--storage-engine", "sqlite://broker.db"])
-            .current_dir(&self.dir)
+            .current_dir(&self.dir.0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("tansu must be installed (scripts/test.sh installs it)");
         self.child = Some(child);
-        for _ in 0..200 {
-            if tokio::net::TcpStream::connect(self.address()).await.is_ok() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("tansu did not start on {}", self.address());
+        let address = self.address();
+        eventually(Duration::from_secs(10), "tansu to listen", || async {
+            tokio::net::TcpStream::connect(&address).await.ok()
+        })
+        .await;
     }
 
     /// Kills the broker at once, as a crash would.
@@ -86,7 +81,6 @@ impl Broker {
 impl Drop for Broker {
     fn drop(&mut self) {
         self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -96,79 +90,209 @@ pub fn flash_settings(db_url: &str, broker: &Broker, tag: &str) -> Settings {
     s.redis = Some(RedisSettings {
         url: REDIS_URL.into(),
         key_prefix: format!("vt:{tag}:"),
-        timeout_ms: 2000,
+        timeout: Duration::from_secs(2),
     });
     s.kafka = Some(KafkaSettings {
         brokers: broker.address(),
         topic: format!("events-{tag}"),
-        dlq_topic: None,
         group: format!("writer-{tag}"),
-        partitions: 3,
-        message_timeout_ms: 2000,
-        consume: true,
-        batch_max: 500,
-        batch_wait_ms: 20,
+        message_timeout: Duration::from_secs(2),
+        ..KafkaSettings::default()
     });
-    s.flash = FlashSettings {
-        // Reconciliation is run by hand in tests that need it, at a known moment.
-        reconcile_enabled: false,
-        reconcile_interval_ms: 60_000,
-        reconcile_grace_ms: 2500,
-        row_wait_ms: 5000,
-        catch_up_timeout_ms: 20_000,
-    };
+    // Reconciliation is run by hand in tests that need it, at a known moment.
+    s.flash.reconcile_enabled = false;
+    s.flash.reconcile_interval = Duration::from_secs(60);
+    s.flash.reconcile_grace = Duration::from_millis(2500);
+    s.flash.row_wait = Duration::from_secs(5);
+    s.flash.catch_up_timeout = Duration::from_secs(20);
     s
 }
 
-/// A database, a broker and one app in flash mode; derefs to its [`TestEnv`].
-pub struct FlashEnv {
-    pub env: TestEnv,
-    pub broker: Broker,
-    pub settings: Settings,
-    pub gate: Gate,
-    pub progress: Progress,
+/// The edge binary, configured by a YAML file of the test's own. Killed when dropped.
+pub struct EdgeProcess {
+    child: Child,
+    pub api: ApiClient,
+    pub metrics_base: String,
+    _dir: TempDir,
 }
 
-impl std::ops::Deref for FlashEnv {
-    type Target = TestEnv;
+impl EdgeProcess {
+    /// Starts `binary` in front of `upstreams`, listening for availability on the channel
+    /// of `key_prefix`, with sold-out flags that live `sold_out_ttl`.
+    pub async fn start(
+        binary: &Path,
+        upstreams: &[&str],
+        key_prefix: &str,
+        sold_out_ttl: Duration,
+    ) -> Self {
+        let (port, metrics_port) = (free_port(), free_port());
+        let dir = TempDir::new("edge");
+        let config = json!({
+            "listen": format!("127.0.0.1:{port}"),
+            "metrics_listen": format!("127.0.0.1:{metrics_port}"),
+            "upstreams": upstreams,
+            "admin_token": ADMIN_TOKEN,
+            "sold_out_ttl": format!("{}ms", sold_out_ttl.as_millis()),
+            "max_body_bytes": 4096,
+            "health_check_interval": "100ms",
+            "upstream_connect_timeout": "300ms",
+            "client_timeout": "1s",
+            "redis_url": REDIS_URL,
+            "key_prefix": key_prefix,
+            "threads": 2,
+        });
+        // JSON is YAML.
+        let path = dir.0.join("edge.yaml");
+        std::fs::write(&path, config.to_string()).expect("config written");
+        let child = Command::new(binary)
+            .env("EDGE_CONFIG", &path)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("edge starts");
+        // Owned at once, so that a failed start still kills and reaps the process.
+        let edge = Self {
+            child,
+            api: ApiClient::new(format!("http://127.0.0.1:{port}")),
+            metrics_base: format!("http://127.0.0.1:{metrics_port}"),
+            _dir: dir,
+        };
+        eventually(Duration::from_secs(10), "the edge to listen", || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .ok()
+        })
+        .await;
+        // Let the first health check mark the cores up.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        edge
+    }
 
-    fn deref(&self) -> &TestEnv {
-        &self.env
+    pub async fn metrics_text(&self) -> String {
+        metrics_text(&self.api.client, &self.metrics_base).await
+    }
+
+    pub async fn metrics(&self) -> Metrics {
+        Metrics::parse(&self.metrics_text().await)
     }
 }
 
-impl FlashEnv {
-    pub async fn start() -> Self {
-        Self::start_with(|_| {}).await
+impl Drop for EdgeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// How to build a [`FlashStack`].
+pub struct FlashStackBuilder {
+    cores: usize,
+    edge: Option<(std::path::PathBuf, Duration)>,
+}
+
+impl FlashStackBuilder {
+    /// How many cores (default one).
+    pub fn cores(mut self, n: usize) -> Self {
+        self.cores = n.max(1);
+        self
     }
 
-    pub async fn start_with(tweak: impl FnOnce(&mut Settings)) -> Self {
+    /// Puts the edge `binary` in front of the cores, with flags that live `sold_out_ttl`.
+    pub fn edge(mut self, binary: impl AsRef<Path>, sold_out_ttl: Duration) -> Self {
+        self.edge = Some((binary.as_ref().to_owned(), sold_out_ttl));
+        self
+    }
+
+    pub async fn start(self) -> FlashStack {
+        self.start_with(|_| {}).await
+    }
+
+    /// Starts the stack with the cores' settings changed by `tweak`.
+    pub async fn start_with(self, tweak: impl FnOnce(&mut Settings)) -> FlashStack {
         let db = TestDb::create().await;
         let broker = Broker::start().await;
         let tag = uuid::Uuid::new_v4().simple().to_string();
         let mut settings = flash_settings(&db.url, &broker, &tag);
         tweak(&mut settings);
-        let env = TestEnv::start_on(db, &settings).await;
-        let redis = settings.redis.clone().expect("flash settings");
-        let gate = Gate::connect(&redis.url, &redis.key_prefix, Duration::from_secs(2))
-            .await
-            .expect("redis");
-        let progress =
-            Progress::new(settings.kafka.as_ref().expect("flash settings")).expect("progress");
-        Self {
-            env,
+        let mut cores = Vec::with_capacity(self.cores);
+        for _ in 0..self.cores {
+            cores.push(TestApp::start(&settings).await);
+        }
+        let redis = settings.redis.clone().expect("flash settings have redis");
+        let edge = match self.edge {
+            Some((binary, ttl)) => {
+                let addrs: Vec<&str> = cores.iter().map(|c| c.address()).collect();
+                Some(EdgeProcess::start(&binary, &addrs, &redis.key_prefix, ttl).await)
+            }
+            None => None,
+        };
+        let pool = PgPool::connect(&db.url).await.expect("test pool");
+        let gate = Gate::connect(&redis).await.expect("redis");
+        let progress = Progress::new(settings.kafka.as_ref().expect("flash settings have kafka"))
+            .expect("progress");
+        FlashStack {
+            db,
+            pool,
             broker,
             settings,
+            cores,
+            edge,
             gate,
             progress,
         }
+    }
+}
+
+/// A database, a broker, Redis keys and topics of the test's own, the cores, maybe an edge.
+pub struct FlashStack {
+    pub db: TestDb,
+    pub pool: PgPool,
+    pub broker: Broker,
+    pub settings: Settings,
+    pub cores: Vec<TestApp>,
+    pub edge: Option<EdgeProcess>,
+    /// The gate as the cores see it, for tests that inspect or damage it.
+    pub gate: Gate,
+    pub progress: Progress,
+}
+
+impl FlashStack {
+    pub fn builder() -> FlashStackBuilder {
+        FlashStackBuilder {
+            cores: 1,
+            edge: None,
+        }
+    }
+
+    /// One core, no edge.
+    pub async fn start() -> Self {
+        Self::builder().start().await
+    }
+
+    /// The first core.
+    pub fn app(&self) -> &TestApp {
+        &self.cores[0]
+    }
+
+    /// The edge; panics when the stack was built without one.
+    pub fn edge(&self) -> &EdgeProcess {
+        self.edge.as_ref().expect("a stack with an edge")
     }
 
     pub fn kafka(&self) -> &KafkaSettings {
         self.settings.kafka.as_ref().expect("flash settings")
     }
 
-    /// Waits until the consumer group has written everything published so far.
+    pub fn key_prefix(&self) -> &str {
+        self.settings
+            .redis
+            .as_ref()
+            .map_or("", |r| r.key_prefix.as_str())
+    }
+
+    /// Waits until the consumer group has written everything published so far (a group
+    /// that just formed may take seconds to get its partitions).
     pub async fn caught_up(&self) {
         let ok = self
             .progress
@@ -178,19 +302,49 @@ impl FlashEnv {
         assert!(ok, "the consumer did not catch up within 60 s");
     }
 
-    /// Waits for the consumer, checks invariants 1 to 5, cleans up.
+    /// Rows the database holds for `code`, whatever their status.
+    pub async fn rows(&self, code: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM redemptions WHERE voucher_code = $1")
+            .bind(code)
+            .fetch_one(&self.pool)
+            .await
+            .expect("count")
+    }
+
+    /// Waits for the consumer, checks invariants 1 to 5 (retrying for a while: the last
+    /// batch or give-back may still be on its way), then stops everything and cleans up.
     pub async fn finish(self, accepted: &[Accepted]) {
         self.caught_up().await;
-        let report = invariants::check_with_gate(&self.pool, &self.gate, accepted)
-            .await
-            .expect("invariant queries run");
-        self.env.assert_and_tear_down(report).await;
-        let prefix = self
-            .settings
-            .redis
-            .as_ref()
-            .map(|r| r.key_prefix.clone())
-            .unwrap_or_default();
+        let settled = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let report = invariants::check_with_gate(&self.pool, &self.gate, accepted)
+                    .await
+                    .expect("invariant queries run");
+                if report.holds() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+        if settled.is_err() {
+            let report = invariants::check_with_gate(&self.pool, &self.gate, accepted)
+                .await
+                .expect("invariant queries run");
+            panic!("invariants violated: {:#?}", report.violations);
+        }
+        self.tear_down().await;
+    }
+
+    /// Stops the edge and the cores, drops the database and the Redis keys.
+    pub async fn tear_down(self) {
+        let prefix = self.key_prefix().to_owned();
+        drop(self.edge);
+        for core in self.cores {
+            core.stop().await;
+        }
+        self.pool.close().await;
+        self.db.drop_db().await;
         delete_keys(&prefix).await;
     }
 }

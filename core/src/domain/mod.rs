@@ -3,6 +3,8 @@
 
 use std::borrow::Cow;
 
+use chrono::{DateTime, TimeZone, Utc};
+
 mod ids;
 mod money;
 mod reservation;
@@ -28,4 +30,10 @@ impl FieldError {
             reason: reason.into(),
         }
     }
+}
+
+/// The instant `ms` milliseconds after the epoch, as Redis records and events carry time.
+/// Out-of-range values (never written by us) read as the epoch rather than panicking.
+pub fn utc_from_millis(ms: i64) -> DateTime<Utc> {
+    Utc.timestamp_millis_opt(ms).single().unwrap_or_default()
 }

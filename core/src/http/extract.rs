@@ -6,6 +6,7 @@ use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
+use secrecy::ExposeSecret;
 use serde::de::DeserializeOwned;
 
 use super::AppState;
@@ -130,10 +131,11 @@ impl FromRequestParts<AppState> for Admin {
             .filter(|t| !t.is_empty())
             .ok_or(Error::Unauthorized)?;
         // An empty configured token disables admin calls altogether.
-        if state.admin_token.is_empty() {
+        let token = state.admin_token.expose_secret();
+        if token.is_empty() {
             return Err(Error::Unauthorized);
         }
-        if constant_time_eq(presented.as_bytes(), state.admin_token.as_bytes()) {
+        if constant_time_eq(presented.as_bytes(), token.as_bytes()) {
             Ok(Admin)
         } else {
             Err(Error::Forbidden)

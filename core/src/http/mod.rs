@@ -11,9 +11,12 @@ mod vouchers;
 
 use std::sync::Arc;
 
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::middleware::Next;
+use axum::response::Response;
 use axum::routing::get;
 use axum::{middleware, Extension, Json, Router};
+use secrecy::SecretString;
 use serde::Serialize;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::OpenApi as OpenApiDoc;
@@ -29,7 +32,7 @@ use crate::Error;
 #[derive(Clone)]
 pub struct AppState {
     pub service: VoucherService,
-    pub admin_token: Arc<str>,
+    pub admin_token: SecretString,
 }
 
 /// Every error answer: `{"error": CODE, "message": text}`, plus `field` on
@@ -106,8 +109,28 @@ pub fn api_router(
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(Extension(extract::BodyLimit(max_body_bytes)))
         .layer(middleware::from_fn_with_state(metrics, metrics::track))
+        .layer(middleware::from_fn(log_failures))
         .layer(tower_http::trace::TraceLayer::new_for_http());
     (router, doc)
+}
+
+/// Middleware: the one place a failed request is logged, with the error's whole cause
+/// chain (errors carry their cause up to here instead of logging on the way).
+pub async fn log_failures(request: Request, next: Next) -> Response {
+    let (method, path) = (request.method().clone(), request.uri().path().to_owned());
+    let response = next.run(request).await;
+    if let Some(error) = response.extensions().get::<Arc<Error>>() {
+        let status = response.status();
+        if status.is_server_error() {
+            let chain = error.chain();
+            if status == axum::http::StatusCode::SERVICE_UNAVAILABLE {
+                tracing::warn!(%method, %path, code = error.code(), error = %chain, "request failed");
+            } else {
+                tracing::error!(%method, %path, code = error.code(), error = %chain, "request failed");
+            }
+        }
+    }
+    response
 }
 
 /// The router of the metrics listener.

@@ -1,26 +1,24 @@
 //! PostgreSQL access: every SQL statement of the service lives under this module.
 //!
 //! - `vouchers`: create and read vouchers with their counts;
-//! - `reservations`: the standard-mode reservation transaction, confirm and release;
+//! - `reservations`: the standard-mode reservation transaction, confirm, release, reads;
+//! - `batch`: reservations decided by the flash gate, recorded many per transaction;
 //! - `expiry`: the batch that releases reservations past their TTL.
 //!
 //! Lock order, to keep transactions free of deadlocks: a redemption row, then the
 //! `customer_usage` rows (sorted), then the `vouchers` rows (sorted). Every transaction
 //! that changes counts takes its locks in that order.
 
-mod events;
+mod batch;
 mod expiry;
-mod flash;
 mod reservations;
 mod vouchers;
 
-use std::time::Duration;
-
+use secrecy::ExposeSecret;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
-pub use events::BatchResult;
-pub use expiry::ExpiredReservation;
+pub use batch::BatchResult;
 pub use reservations::ReserveOutcome;
 
 use crate::config::DatabaseSettings;
@@ -41,10 +39,10 @@ impl Store {
 
     /// Connects lazily: the service starts (and answers 503) even while PostgreSQL is down.
     pub fn connect_lazy(settings: &DatabaseSettings) -> anyhow::Result<Self> {
-        let options: PgConnectOptions = settings.url.parse()?;
+        let options: PgConnectOptions = settings.url.expose_secret().parse()?;
         let pool = PgPoolOptions::new()
             .max_connections(settings.max_connections)
-            .acquire_timeout(Duration::from_millis(settings.acquire_timeout_ms))
+            .acquire_timeout(settings.acquire_timeout)
             .connect_lazy_with(options);
         Ok(Self::new(pool))
     }

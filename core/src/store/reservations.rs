@@ -28,7 +28,7 @@ impl TryFrom<RedemptionRow> for Reservation {
     type Error = Error;
 
     fn try_from(row: RedemptionRow) -> Result<Self> {
-        let corrupt = |what: &str| Error::Internal(format!("stored redemption has invalid {what}"));
+        let corrupt = |what: &str| Error::corrupt(format!("stored redemption has invalid {what}"));
         Ok(Reservation {
             order_id: OrderId::parse(row.order_id).map_err(|_| corrupt("order_id"))?,
             voucher_code: VoucherCode::parse(row.voucher_code)
@@ -147,7 +147,7 @@ impl Store {
         let existing = self
             .reservation_by_order(&request.order_id)
             .await?
-            .ok_or_else(|| Error::Internal("reservation vanished".into()))?;
+            .ok_or_else(|| Error::internal(anyhow::anyhow!("reservation vanished")))?;
         answer_retry(existing, request)
     }
 
@@ -177,7 +177,7 @@ impl Store {
             ReservationStatus::Confirmed => Ok(current),
             ReservationStatus::Released => Err(Error::AlreadyReleased),
             // Only reachable if a concurrent release was rolled back between our two reads.
-            ReservationStatus::Reserved => Err(Error::Unavailable("database")),
+            ReservationStatus::Reserved => Err(Error::unavailable("database")),
         }
     }
 
@@ -203,11 +203,7 @@ impl Store {
         .await?;
         if let Some(row) = row {
             let released: Reservation = row.try_into()?;
-            give_back_uses(
-                &mut tx,
-                &[(released.voucher_code.clone(), released.customer_id.clone())],
-            )
-            .await?;
+            give_back_uses(&mut tx, std::slice::from_ref(&released)).await?;
             tx.commit().await?;
             return Ok(released);
         }
@@ -216,8 +212,30 @@ impl Store {
         match current.status {
             ReservationStatus::Released => Ok(current),
             ReservationStatus::Confirmed => Err(Error::AlreadyConfirmed),
-            ReservationStatus::Reserved => Err(Error::Unavailable("database")),
+            ReservationStatus::Reserved => Err(Error::unavailable("database")),
         }
+    }
+
+    /// Every reservation of a voucher, whatever its status.
+    #[tracing::instrument(name = "db.voucher_reservations", skip(self))]
+    pub async fn voucher_reservations(&self, code: &VoucherCode) -> Result<Vec<Reservation>> {
+        let rows: Vec<RedemptionRow> = sqlx::query_as(&format!(
+            "SELECT {REDEMPTION_COLUMNS} FROM redemptions WHERE voucher_code = $1"
+        ))
+        .bind(code.as_str())
+        .fetch_all(self.pool())
+        .await?;
+        rows.into_iter().map(Reservation::try_from).collect()
+    }
+
+    /// The order ids of every reservation of a voucher.
+    pub async fn voucher_order_ids(&self, code: &VoucherCode) -> Result<Vec<String>> {
+        Ok(
+            sqlx::query_scalar("SELECT order_id FROM redemptions WHERE voucher_code = $1")
+                .bind(code.as_str())
+                .fetch_all(self.pool())
+                .await?,
+        )
     }
 
     async fn reservation_on_voucher(
@@ -298,19 +316,19 @@ pub(super) async fn take_voucher_use(conn: &mut PgConnection, code: &str) -> Res
     Ok(taken == 1)
 }
 
-/// Gives back one use per released row, to its customer and its voucher, taking the locks
-/// in the store's order (customers sorted, then vouchers sorted).
+/// Gives back one use per released reservation, to its customer and its voucher, taking
+/// the locks in the store's order (customers sorted, then vouchers sorted).
 pub(super) async fn give_back_uses(
     conn: &mut PgConnection,
-    released: &[(VoucherCode, CustomerId)],
+    released: &[Reservation],
 ) -> Result<()> {
     let mut per_customer: std::collections::BTreeMap<(&str, &str), i32> = Default::default();
     let mut per_voucher: std::collections::BTreeMap<&str, i32> = Default::default();
-    for (code, customer) in released {
+    for r in released {
         *per_customer
-            .entry((code.as_str(), customer.as_str()))
+            .entry((r.voucher_code.as_str(), r.customer_id.as_str()))
             .or_default() += 1;
-        *per_voucher.entry(code.as_str()).or_default() += 1;
+        *per_voucher.entry(r.voucher_code.as_str()).or_default() += 1;
     }
     for ((code, customer), n) in per_customer {
         sqlx::query(

@@ -23,7 +23,7 @@ impl TryFrom<VoucherRow> for Voucher {
     type Error = Error;
 
     fn try_from(row: VoucherRow) -> Result<Self> {
-        let corrupt = |what: &str| Error::Internal(format!("stored voucher has invalid {what}"));
+        let corrupt = |what: &str| Error::corrupt(format!("stored voucher has invalid {what}"));
         Ok(Voucher {
             code: VoucherCode::parse(row.code).map_err(|_| corrupt("code"))?,
             discount_amount: Money::from_db(row.discount_amount),
@@ -108,5 +108,16 @@ impl Store {
             gate_remaining: None,
         };
         Ok((row.voucher.try_into()?, stats))
+    }
+
+    /// Flash vouchers whose sale has not been over for a day: the ones worth reconciling.
+    pub async fn live_flash_vouchers(&self) -> Result<Vec<Voucher>> {
+        let rows: Vec<VoucherRow> = sqlx::query_as(&format!(
+            "SELECT {VOUCHER_COLUMNS} FROM vouchers v
+             WHERE v.mode = 'flash' AND v.ends_at > now() - interval '1 day'"
+        ))
+        .fetch_all(self.pool())
+        .await?;
+        rows.into_iter().map(Voucher::try_from).collect()
     }
 }

@@ -3,7 +3,8 @@
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::helpers::{accepted, count, reserve_concurrently, voucher_body, TestEnv};
+use crate::helpers::{voucher_body, TestEnv};
+use crate::sale::{accepted, count, reserve_concurrently};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_hundred_customers_race_for_ten_uses() {
@@ -22,7 +23,7 @@ async fn two_hundred_customers_race_for_ten_uses() {
         (voucher["usedCount"].as_i64(), voucher["remaining"].as_i64()),
         (Some(10), Some(0))
     );
-    env.finish(&accepted("HOT", &results)).await;
+    env.finish(&accepted(&results)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -45,7 +46,7 @@ async fn fifty_concurrent_retries_of_one_order_take_one_use_and_get_one_body() {
         "every retry gets the same body"
     );
     assert_eq!(env.app.voucher_json("HOT").await["usedCount"], 1);
-    env.finish(&accepted("HOT", &results)).await;
+    env.finish(&accepted(&results)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -60,7 +61,7 @@ async fn a_customer_with_per_user_limit_two_racing_ten_orders_gets_exactly_two()
 
     assert_eq!(count(&results, StatusCode::CREATED, ""), 2, "{results:#?}");
     assert_eq!(count(&results, StatusCode::CONFLICT, "ALREADY_USED"), 8);
-    env.finish(&accepted("HOT", &results)).await;
+    env.finish(&accepted(&results)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -80,7 +81,7 @@ async fn many_customers_with_limit_three_racing_on_a_small_voucher() {
             + count(&results, StatusCode::CONFLICT, "ALREADY_USED"),
         95
     );
-    env.finish(&accepted("MIX", &results)).await;
+    env.finish(&accepted(&results)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -124,7 +125,7 @@ async fn releases_racing_new_reservations_never_oversell() {
         env.app.voucher_json("CHURN").await["usedCount"].as_i64(),
         Some(won as i64)
     );
-    let mut all = accepted("CHURN", &held);
-    all.extend(accepted("CHURN", &raced));
+    let mut all = accepted(&held);
+    all.extend(accepted(&raced));
     env.finish(&all).await;
 }

@@ -63,12 +63,8 @@ async fn an_order_id_cannot_hold_two_rows_nor_a_customer_exceed_its_limit_in_sql
         customer_over.as_deref(),
         Some("customer_usage_within_limit")
     );
-    env.finish(&[voucher_core::invariants::Accepted {
-        voucher_code: "GUARD".into(),
-        customer_id: "c1".into(),
-        order_id: "o1".into(),
-    }])
-    .await;
+    env.finish(&[crate::invariants::Accepted::new("GUARD", "c1", "o1")])
+        .await;
 }
 
 #[tokio::test]
@@ -81,13 +77,9 @@ async fn the_invariant_checker_catches_a_drifted_counter() {
         .execute(&env.pool)
         .await
         .expect("update");
-    let lost = voucher_core::invariants::Accepted {
-        voucher_code: "DRIFT".into(),
-        customer_id: "c9".into(),
-        order_id: "never-stored".into(),
-    };
+    let lost = crate::invariants::Accepted::new("DRIFT", "c9", "never-stored");
 
-    let report = voucher_core::invariants::check(&env.pool, &[lost])
+    let report = crate::invariants::check(&env.pool, &[lost])
         .await
         .expect("check runs");
 

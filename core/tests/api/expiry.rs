@@ -8,18 +8,16 @@ use reqwest::StatusCode;
 use sqlx::postgres::PgPoolOptions;
 use voucher_core::store::Store;
 
-use crate::helpers::{
-    accepted, count, reserve_concurrently, settings_for, voucher_body, TestApp, TestDb, TestEnv,
-};
+use crate::helpers::{settings_for, voucher_body, TestApp, TestDb, TestEnv};
+use crate::invariants::{self, Accepted};
+use crate::sale::{accepted, count, reserve_concurrently};
+use voucher_testkit::wait::eventually;
 
-/// Reads `voucher_expired_releases_total` from an app's metrics.
-async fn expired_releases(app: &TestApp) -> u64 {
-    app.metrics_text()
+/// `voucher_expired_releases_total` of an app.
+async fn expired_releases(app: &TestApp) -> f64 {
+    app.metrics()
         .await
-        .lines()
-        .find_map(|l| l.strip_prefix("voucher_expired_releases_total "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
+        .sum("voucher_expired_releases_total", &[])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -27,9 +25,9 @@ async fn two_instances_running_the_job_release_each_expired_reservation_once() {
     // Arrange: two instances on one database, both running the job often, TTL of 1 s.
     let db = TestDb::create().await;
     let mut settings = settings_for(&db.url);
-    settings.reservations.ttl_secs = 1;
+    settings.reservations.ttl = Duration::from_secs(1);
     settings.reservations.expiry_enabled = true;
-    settings.reservations.expiry_interval_ms = 20;
+    settings.reservations.expiry_interval = Duration::from_millis(20);
     settings.reservations.expiry_batch = 7; // several batches, so the workers interleave
     let a = TestApp::start(&settings).await;
     let b = TestApp::start(&settings).await;
@@ -41,22 +39,14 @@ async fn two_instances_running_the_job_release_each_expired_reservation_once() {
     assert_eq!(count(&held, StatusCode::CREATED, ""), 40);
 
     // Act: wait (bounded) until the jobs have given every use back.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let used = b.voucher_json("EXP").await["usedCount"].as_i64();
-        if used == Some(0) {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "uses not given back in time: {used:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(Duration::from_secs(60), "every use given back", || async {
+        (b.voucher_json("EXP").await["usedCount"].as_i64() == Some(0)).then_some(())
+    })
+    .await;
 
     // Assert: 40 releases in all, split between the two instances however it fell.
     let (by_a, by_b) = (expired_releases(&a).await, expired_releases(&b).await);
-    assert_eq!(by_a + by_b, 40, "a released {by_a}, b released {by_b}");
+    assert_eq!(by_a + by_b, 40.0, "a released {by_a}, b released {by_b}");
     let voucher = a.voucher_json("EXP").await;
     assert_eq!(
         (voucher["remaining"].as_i64(), voucher["reserved"].as_i64()),
@@ -76,15 +66,9 @@ async fn two_instances_running_the_job_release_each_expired_reservation_once() {
     );
 
     let pool = PgPoolOptions::new().connect(&db.url).await.expect("pool");
-    let mut all = accepted("EXP", &held);
-    all.push(voucher_core::invariants::Accepted {
-        voucher_code: "EXP".into(),
-        customer_id: "c0".into(),
-        order_id: "o-new".into(),
-    });
-    let report = voucher_core::invariants::check(&pool, &all)
-        .await
-        .expect("check runs");
+    let mut all = accepted(&held);
+    all.push(Accepted::new("EXP", "c0", "o-new"));
+    let report = invariants::check(&pool, &all).await.expect("check runs");
     assert!(report.holds(), "{:#?}", report.violations);
     a.stop().await;
     b.stop().await;
@@ -140,7 +124,7 @@ async fn concurrent_expiry_batches_partition_the_due_rows() {
         1,
         "only the confirmed use is held"
     );
-    env.finish(&accepted("EXP", &held)).await;
+    env.finish(&accepted(&held)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -157,5 +141,5 @@ async fn reservations_not_yet_due_are_left_alone() {
 
     assert!(released.is_empty());
     assert_eq!(env.app.voucher_json("EXP").await["usedCount"], 1);
-    env.finish(&accepted("EXP", &held)).await;
+    env.finish(&accepted(&held)).await;
 }

@@ -11,4 +11,4 @@ mod reservations;
 mod vouchers;
 
 // The shared harness, under the names the test modules use.
-pub use voucher_testkit::{helpers, stack};
+pub use voucher_testkit::{helpers, invariants, sale, stack};

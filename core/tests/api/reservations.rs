@@ -1,19 +1,11 @@
 //! Reserve, confirm and release: every row of the API table, one call at a time.
 
+use crate::invariants::Accepted;
 use chrono::{Duration, Utc};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use voucher_core::invariants::Accepted;
 
 use crate::helpers::{rfc3339, voucher_body, TestEnv};
-
-fn accepted(code: &str, customer: &str, order: &str) -> Accepted {
-    Accepted {
-        voucher_code: code.into(),
-        customer_id: customer.into(),
-        order_id: order.into(),
-    }
-}
 
 #[tokio::test]
 async fn reserve_returns_201_with_discount_and_expiry() {
@@ -50,7 +42,7 @@ async fn reserve_returns_201_with_discount_and_expiry() {
         ),
         (Some(1), Some(9), Some(1))
     );
-    env.finish(&[accepted("V", "c1", "o1")]).await;
+    env.finish(&[Accepted::new("V", "c1", "o1")]).await;
 }
 
 #[tokio::test]
@@ -67,7 +59,7 @@ async fn discount_never_exceeds_the_order() {
         resp.json::<Value>().await.expect("json")["discountAmount"],
         30_000
     );
-    env.finish(&[accepted("BIG", "c1", "o1")]).await;
+    env.finish(&[Accepted::new("BIG", "c1", "o1")]).await;
 }
 
 #[tokio::test]
@@ -90,7 +82,7 @@ async fn a_retry_gets_the_same_201_and_consumes_nothing_even_after_sell_out() {
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     assert_eq!(retry.json::<Value>().await.expect("json"), first);
     assert_eq!(env.app.voucher_json("ONE").await["usedCount"], 1);
-    env.finish(&[accepted("ONE", "c1", "o1")]).await;
+    env.finish(&[Accepted::new("ONE", "c1", "o1")]).await;
 }
 
 #[tokio::test]
@@ -116,7 +108,7 @@ async fn the_same_order_id_for_another_request_is_a_conflict_not_a_use() {
     }
     assert_eq!(env.app.voucher_json("A").await["usedCount"], 1);
     assert_eq!(env.app.voucher_json("B").await["usedCount"], 0);
-    env.finish(&[accepted("A", "c1", "o1")]).await;
+    env.finish(&[Accepted::new("A", "c1", "o1")]).await;
 }
 
 #[tokio::test]
@@ -135,7 +127,7 @@ async fn a_customer_at_its_limit_gets_409_already_used() {
         second.json::<Value>().await.expect("json")["error"],
         "ALREADY_USED"
     );
-    env.finish(&[accepted("V", "c1", "o1")]).await;
+    env.finish(&[Accepted::new("V", "c1", "o1")]).await;
 }
 
 #[tokio::test]
@@ -222,7 +214,7 @@ async fn confirm_is_idempotent_and_a_confirmed_use_cannot_be_released() {
         ),
         (Some(1), Some(1), Some(0))
     );
-    env.finish(&[accepted("V", "c1", "o1")]).await;
+    env.finish(&[Accepted::new("V", "c1", "o1")]).await;
 }
 
 #[tokio::test]
@@ -250,7 +242,7 @@ async fn release_is_idempotent_gives_the_use_back_once_and_cannot_be_confirmed()
         (voucher["usedCount"].as_i64(), voucher["remaining"].as_i64()),
         (Some(0), Some(1))
     );
-    env.finish(&[accepted("V", "c1", "o1")]).await;
+    env.finish(&[Accepted::new("V", "c1", "o1")]).await;
 }
 
 #[tokio::test]
@@ -273,9 +265,9 @@ async fn a_released_use_is_taken_again_by_another_customer_and_the_first_may_com
     assert_eq!(alice.status(), StatusCode::CREATED);
     assert_eq!(env.app.voucher_json("ONE").await["usedCount"], 1);
     env.finish(&[
-        accepted("ONE", "alice", "o1"),
-        accepted("ONE", "bob", "o3"),
-        accepted("ONE", "alice", "o4"),
+        Accepted::new("ONE", "alice", "o1"),
+        Accepted::new("ONE", "bob", "o3"),
+        Accepted::new("ONE", "alice", "o4"),
     ])
     .await;
 }
@@ -295,7 +287,7 @@ async fn a_retry_of_a_released_order_answers_its_current_state_without_taking_a_
         "RELEASED"
     );
     assert_eq!(env.app.voucher_json("V").await["usedCount"], 0);
-    env.finish(&[accepted("V", "c1", "o1")]).await;
+    env.finish(&[Accepted::new("V", "c1", "o1")]).await;
 }
 
 #[tokio::test]
@@ -320,5 +312,5 @@ async fn confirm_or_release_of_an_unknown_reservation_is_404() {
             "RESERVATION_NOT_FOUND"
         );
     }
-    env.finish(&[accepted("A", "c1", "o1")]).await;
+    env.finish(&[Accepted::new("A", "c1", "o1")]).await;
 }

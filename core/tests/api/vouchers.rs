@@ -97,7 +97,7 @@ async fn create_needs_the_admin_token() {
 
 #[tokio::test]
 async fn an_empty_configured_token_disables_admin_calls() {
-    let env = TestEnv::start_with(|s| s.admin.token.clear()).await;
+    let env = TestEnv::start_with(|s| s.admin.token = "".into()).await;
 
     let resp = env
         .app

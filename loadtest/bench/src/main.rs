@@ -1,4 +1,4 @@
-//! voucher-bench: runs the comparisons of DESIGN.md against the running stack (started by
+//! voucher-bench: runs the comparisons of `ARCHITECTURE.md` against the running stack (started by
 //! `loadtest/bench.sh`) and writes a Markdown report with the ratio table, plus CSV files
 //! for the plots.
 //!
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use load::{Outcome, Plan};
 use probe::{peak_rss_mib, reserve_body, Stack};
-use voucher_core::invariants::Accepted;
+use voucher_testkit::invariants::{self, Accepted};
 
 /// Seconds of load per step of a ladder.
 fn step() -> Duration {
@@ -438,17 +438,13 @@ fn remember_accepted(
     outcome: &Outcome,
 ) {
     if let Ok(mut list) = into.lock() {
-        list.extend(
-            outcome
-                .samples
-                .iter()
-                .filter(|s| s.status == 201)
-                .map(|s| Accepted {
-                    voucher_code: code.to_owned(),
-                    customer_id: format!("{tag}-c{}", s.index),
-                    order_id: format!("{code}-{tag}{}", s.index),
-                }),
-        );
+        list.extend(outcome.samples.iter().filter(|s| s.status == 201).map(|s| {
+            let (customer, order) = (
+                format!("{tag}-c{}", s.index),
+                format!("{code}-{tag}{}", s.index),
+            );
+            Accepted::new(code, &customer, &order)
+        }));
     }
 }
 
@@ -457,23 +453,16 @@ async fn check_invariants(stack: &Stack, accepted: &[Accepted]) -> anyhow::Resul
     let kafka = voucher_core::config::KafkaSettings {
         brokers: env_or("KAFKA_BROKERS", "127.0.0.1:9092"),
         topic: env_or("KAFKA_TOPIC", "voucher-events"),
-        dlq_topic: None,
         group: env_or("KAFKA_GROUP", "voucher-writer"),
-        partitions: 3,
-        message_timeout_ms: 5000,
         consume: false,
-        batch_max: 500,
-        batch_wait_ms: 20,
+        ..Default::default()
     };
-    let progress = voucher_core::events::progress::Progress::new(&kafka)?;
+    let progress = voucher_core::flash::events::progress::Progress::new(&kafka)?;
     let caught_up = progress.wait_caught_up(Duration::from_secs(60)).await?;
-    let gate = voucher_core::gate::Gate::connect(
-        &env_or("REDIS_URL", "redis://127.0.0.1:6379/"),
-        &env_or("GATE_PREFIX", "vg:"),
-        Duration::from_secs(2),
-    )
-    .await?;
-    let report = voucher_core::invariants::check_with_gate(&stack.db, &gate, accepted).await?;
+    let gate =
+        voucher_core::flash::gate::Gate::connect(&redis_settings(&env_or("GATE_PREFIX", "vg:")))
+            .await?;
+    let report = invariants::check_with_gate(&stack.db, &gate, accepted).await?;
     Ok(if !caught_up {
         "consumer did not catch up in 60 s".into()
     } else if report.holds() {
@@ -481,6 +470,15 @@ async fn check_invariants(stack: &Stack, accepted: &[Accepted]) -> anyhow::Resul
     } else {
         format!("VIOLATED: {}", report.violations.join("; "))
     })
+}
+
+/// The stack's Redis (`REDIS_URL`), with the gate's keys under `prefix`.
+fn redis_settings(prefix: &str) -> voucher_core::config::RedisSettings {
+    voucher_core::config::RedisSettings {
+        url: env_or("REDIS_URL", "redis://127.0.0.1:6379/").into(),
+        key_prefix: prefix.to_owned(),
+        timeout: Duration::from_secs(2),
+    }
 }
 
 fn ratio_to_limit(p99: Option<f64>) -> String {
@@ -511,17 +509,15 @@ fn write_samples(path: &std::path::Path, o: &Outcome) -> anyhow::Result<()> {
 }
 
 /// Our gate client (the redis crate, from this process) against redis-benchmark, both
-/// running `lua/reserve.lua` on the same kind of state: accepting, and sold out.
+/// running the gate's reserve script on the same kind of state: accepting, and sold out.
 async fn gate_vs_redis_benchmark(run_id: &str) -> anyhow::Result<Vec<String>> {
     use voucher_core::domain::{
         CustomerId, Money, OrderId, ReservationRequest, Voucher, VoucherCode, VoucherMode,
     };
-    use voucher_core::gate::{Gate, GateLoad};
-    let redis_url = env_or("REDIS_URL", "redis://127.0.0.1:6379/");
+    use voucher_core::flash::gate::{Gate, GateLoad, RESERVE_SCRIPT};
     let prefix = format!("bench{run_id}:");
-    let gate = Gate::connect(&redis_url, &prefix, Duration::from_secs(2)).await?;
-    let source = include_str!("../../../lua/reserve.lua");
-    let sha = redis::Script::new(source).get_hash().to_owned();
+    let gate = Gate::connect(&redis_settings(&prefix)).await?;
+    let sha = redis::Script::new(RESERVE_SCRIPT).get_hash().to_owned();
     let requests: u64 = env_or("GATE_REQUESTS", "200000").parse()?;
     let now = chrono::Utc::now();
     let mut rows = Vec::new();

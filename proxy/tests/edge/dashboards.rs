@@ -7,9 +7,12 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use voucher_testkit::invariants::Accepted;
 use voucher_testkit::stack::flash_voucher;
+use voucher_testkit::wait::eventually;
+use voucher_testkit::{free_port, TempDir};
 
-use super::{free_port, Stack, TempDir};
+use super::stack_with;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -51,10 +54,7 @@ struct Prometheus {
 
 impl Prometheus {
     async fn start(edge_metrics: &str, core_metrics: &[&str]) -> Self {
-        let dir = TempDir(
-            std::env::temp_dir().join(format!("vt-prom-{}", uuid::Uuid::new_v4().simple())),
-        );
-        std::fs::create_dir_all(&dir.0).expect("prometheus dir");
+        let dir = TempDir::new("prom");
         let targets = |list: &[&str]| {
             list.iter()
                 .map(|t| format!("\"{t}\""))
@@ -91,19 +91,17 @@ impl Prometheus {
             _dir: dir,
         };
         let client = reqwest::Client::new();
-        for _ in 0..200 {
-            if let Ok(r) = client
-                .get(format!("{}/-/ready", prometheus.base))
-                .send()
-                .await
-            {
-                if r.status().is_success() {
-                    return prometheus;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("prometheus did not become ready");
+        let ready = format!("{}/-/ready", prometheus.base);
+        eventually(
+            Duration::from_secs(20),
+            "prometheus to be ready",
+            || async {
+                let r = client.get(&ready).send().await.ok()?;
+                r.status().is_success().then_some(())
+            },
+        )
+        .await;
+        prometheus
     }
 
     /// `Ok(series count)` or the error Prometheus gave.
@@ -133,14 +131,14 @@ impl Drop for Prometheus {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_dashboard_panel_returns_series_after_a_short_k6_sale() {
-    let stack = Stack::start_with(2000, |s| {
+    let stack = stack_with(Duration::from_secs(2), |s| {
         // Reconciliation exports the gate's remaining uses and the drift: run it often.
         s.flash.reconcile_enabled = true;
-        s.flash.reconcile_interval_ms = 500;
+        s.flash.reconcile_interval = Duration::from_millis(500);
     })
     .await;
     let edge_metrics = stack
-        .edge
+        .edge()
         .metrics_base
         .trim_start_matches("http://")
         .to_owned();
@@ -151,7 +149,8 @@ async fn every_dashboard_panel_returns_series_after_a_short_k6_sale() {
         .collect();
     let core_refs: Vec<&str> = core_metrics.iter().map(String::as_str).collect();
     let prometheus = Prometheus::start(&edge_metrics, &core_refs).await;
-    stack.cores[0]
+    stack
+        .app()
         .given_voucher(flash_voucher("DASH", 300, 1))
         .await;
 
@@ -161,8 +160,8 @@ async fn every_dashboard_panel_returns_series_after_a_short_k6_sale() {
     let k6 = Command::new(std::env::var("K6").unwrap_or_else(|_| "k6".into()))
         .args(["run", "--quiet", "loadtest/k6/flash-sale.js"])
         .current_dir(repo())
-        .env("BASE_URL", &stack.edge.api.base)
-        .env("ADMIN_URL", &stack.cores[0].base)
+        .env("BASE_URL", &stack.edge().api.base)
+        .env("ADMIN_URL", &stack.app().base)
         .env("CODE", "DASH")
         .env("RATE", "200")
         .env("DURATION", "5s")
@@ -202,20 +201,14 @@ async fn every_dashboard_panel_returns_series_after_a_short_k6_sale() {
         "panels without series:\n{}",
         last_errors.join("\n")
     );
-    let accepted: Vec<voucher_core::invariants::Accepted> = sqlx::query_as::<_, (String, String)>(
+    let accepted: Vec<Accepted> = sqlx::query_as::<_, (String, String)>(
         "SELECT customer_id, order_id FROM redemptions WHERE voucher_code = 'DASH'",
     )
     .fetch_all(&stack.pool)
     .await
     .expect("rows")
     .into_iter()
-    .map(
-        |(customer_id, order_id)| voucher_core::invariants::Accepted {
-            voucher_code: "DASH".into(),
-            customer_id,
-            order_id,
-        },
-    )
+    .map(|(customer, order)| Accepted::new("DASH", &customer, &order))
     .collect();
     assert_eq!(accepted.len(), 300);
     stack.finish(&accepted).await;

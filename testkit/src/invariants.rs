@@ -1,6 +1,6 @@
-//! The invariants of DESIGN.md, checked against PostgreSQL once the system is quiet.
-//!
-//! Every concurrency, load and fault test ends with [`check`]; the benchmark does too.
+//! The invariants of `ARCHITECTURE.md`, checked against PostgreSQL once the system is quiet:
+//! the oracle every concurrency, load and fault test ends with, and the benchmark too. It
+//! lives here, beside the tests, not in the service it judges.
 //! It looks at every voucher in the database the pool points to (tests own theirs).
 //!
 //! 1. rows in RESERVED or CONFIRMED <= total_limit, and `used_count` equals that count;
@@ -16,8 +16,8 @@ use std::collections::HashMap;
 
 use sqlx::{FromRow, PgPool};
 
-use crate::domain::VoucherCode;
-use crate::gate::Gate;
+use voucher_core::domain::VoucherCode;
+use voucher_core::flash::gate::Gate;
 
 /// A reservation a client was told succeeded (a 201).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -25,6 +25,16 @@ pub struct Accepted {
     pub voucher_code: String,
     pub customer_id: String,
     pub order_id: String,
+}
+
+impl Accepted {
+    pub fn new(voucher_code: &str, customer_id: &str, order_id: &str) -> Self {
+        Self {
+            voucher_code: voucher_code.to_owned(),
+            customer_id: customer_id.to_owned(),
+            order_id: order_id.to_owned(),
+        }
+    }
 }
 
 /// What the check found.

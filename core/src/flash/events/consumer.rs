@@ -16,10 +16,11 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::Message;
 use tokio_util::sync::CancellationToken;
 
-use super::{ReservedEvent, VoucherEvent};
+use super::VoucherEvent;
 use crate::config::KafkaSettings;
+use crate::domain::Reservation;
 use crate::metrics::Metrics;
-use crate::store::Store;
+use crate::store::{BatchResult, Store};
 
 pub struct EventConsumer {
     consumer: StreamConsumer,
@@ -61,7 +62,7 @@ impl EventConsumer {
             store,
             metrics,
             batch_max: settings.batch_max.max(1),
-            batch_wait: Duration::from_millis(settings.batch_wait_ms),
+            batch_wait: settings.batch_wait,
         })
     }
 
@@ -99,7 +100,11 @@ impl EventConsumer {
                 match self.write(&batch).await {
                     Ok(()) => break,
                     Err(e) => {
-                        tracing::warn!(error = %e, events = batch.len(), "batch not written; retrying");
+                        tracing::warn!(
+                            error = format!("{e:#}"),
+                            events = batch.len(),
+                            "batch not written; retrying"
+                        );
                         tokio::select! {
                             _ = shutdown.cancelled() => return,
                             _ = tokio::time::sleep(backoff) => {}
@@ -112,25 +117,15 @@ impl EventConsumer {
         }
     }
 
-    /// Writes one batch: recorded in PostgreSQL, refused events sent to the dead letters.
+    /// Writes one batch: readable events recorded in PostgreSQL, the rest and whatever the
+    /// database refuses sent to the dead letters, then counted.
     #[tracing::instrument(name = "consumer.batch", skip_all, fields(events = batch.len()))]
     async fn write(&self, batch: &[BorrowedMessage<'_>]) -> anyhow::Result<()> {
-        let mut events = Vec::with_capacity(batch.len());
-        let mut positions = Vec::with_capacity(batch.len());
-        let mut dead = Vec::new();
-        for (i, message) in batch.iter().enumerate() {
-            match parse(message) {
-                Ok(event) => {
-                    events.push(event);
-                    positions.push(i);
-                }
-                Err(reason) => dead.push((i, reason)),
-            }
-        }
-        let result = if events.is_empty() {
-            Default::default()
+        let (rows, positions, mut dead) = read_batch(batch);
+        let result = if rows.is_empty() {
+            BatchResult::default()
         } else {
-            self.store.record_reserved(&events).await?
+            self.store.record_reserved(&rows).await?
         };
         dead.extend(
             result
@@ -141,19 +136,23 @@ impl EventConsumer {
         for (i, reason) in &dead {
             self.dead_letter(&batch[*i], reason).await?;
         }
-        let m = &self.metrics;
-        m.consumer_batch_size.observe(batch.len() as f64);
-        m.consumer_transactions.inc_by(result.transactions as u64);
-        m.consumer_events
-            .with_label_values(&["inserted"])
-            .inc_by(result.inserted as u64);
-        m.consumer_events
-            .with_label_values(&["duplicate"])
-            .inc_by(result.duplicates as u64);
-        m.consumer_events
-            .with_label_values(&["dead_lettered"])
-            .inc_by(dead.len() as u64);
+        self.count(batch.len(), &result, dead.len());
         Ok(())
+    }
+
+    fn count(&self, events: usize, result: &BatchResult, dead_lettered: usize) {
+        let m = &self.metrics;
+        m.consumer_batch_size.observe(events as f64);
+        m.consumer_transactions.inc_by(result.transactions as u64);
+        for (label, n) in [
+            ("inserted", result.inserted),
+            ("duplicate", result.duplicates),
+            ("dead_lettered", dead_lettered),
+        ] {
+            m.consumer_events
+                .with_label_values(&[label])
+                .inc_by(n as u64);
+        }
     }
 
     async fn dead_letter(&self, message: &BorrowedMessage<'_>, reason: &str) -> anyhow::Result<()> {
@@ -205,12 +204,34 @@ impl EventConsumer {
     }
 }
 
-fn parse(message: &BorrowedMessage<'_>) -> Result<ReservedEvent, String> {
+/// The rows a batch asks for, each with its position in the batch, and the positions of
+/// unreadable events with the reason.
+fn read_batch(
+    batch: &[BorrowedMessage<'_>],
+) -> (Vec<Reservation>, Vec<usize>, Vec<(usize, String)>) {
+    let mut rows = Vec::with_capacity(batch.len());
+    let mut positions = Vec::with_capacity(batch.len());
+    let mut dead = Vec::new();
+    for (i, message) in batch.iter().enumerate() {
+        match parse(message) {
+            Ok(row) => {
+                rows.push(row);
+                positions.push(i);
+            }
+            Err(reason) => dead.push((i, reason)),
+        }
+    }
+    (rows, positions, dead)
+}
+
+fn parse(message: &BorrowedMessage<'_>) -> Result<Reservation, String> {
     let payload = message
         .payload()
         .ok_or_else(|| "empty payload".to_owned())?;
     match serde_json::from_slice::<VoucherEvent>(payload) {
-        Ok(VoucherEvent::Reserved(event)) => Ok(event),
+        Ok(VoucherEvent::Reserved(event)) => {
+            Reservation::try_from(&event).map_err(|e| format!("unreadable event: {e}"))
+        }
         Err(e) => Err(format!("unreadable event: {e}")),
     }
 }

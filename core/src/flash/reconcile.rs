@@ -4,9 +4,10 @@
 //! Each round: read every gate (one atomic snapshot per voucher), *then* wait until the
 //! consumer group has committed everything published so far. After that, an order in a
 //! snapshot without its row will never get one, provided its latest publish started more
-//! than `reconcile_grace_ms` ago (longer than the producer keeps trying): its use is given
+//! than `flash.reconcile_grace` ago (longer than the producer keeps trying): its use is given
 //! back. An order held in the gate but released in PostgreSQL (the gate step of a release
-//! failed) is released in the gate too.
+//! failed) is released in the gate too. Both go through the one give-back path, which
+//! tells the edges.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,9 +16,9 @@ use std::time::Duration;
 use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
+use super::gate::{GateSnapshot, GiveBack, RecordState, ReleaseOutcome};
+use super::FlashPath;
 use crate::domain::{OrderId, ReservationStatus, Voucher};
-use crate::flash::FlashPath;
-use crate::gate::{GateSnapshot, GiveBack, RecordState, ReleaseOutcome};
 use crate::metrics::Metrics;
 use crate::store::Store;
 use crate::Result;
@@ -27,7 +28,8 @@ pub struct Reconciler {
     pub store: Store,
     pub metrics: Arc<Metrics>,
     pub interval: Duration,
-    pub grace: chrono::Duration,
+    /// How old a record's latest publish must be before its use may be given back.
+    pub grace: Duration,
     pub catch_up_timeout: Duration,
 }
 
@@ -42,9 +44,9 @@ pub struct VoucherReport {
 
 impl Reconciler {
     pub async fn run(self, shutdown: CancellationToken) {
-        crate::expiry::every(self.interval, &shutdown, || async {
+        crate::periodic::every(self.interval, &shutdown, || async {
             if let Err(e) = self.run_once().await {
-                tracing::warn!(error = %e, "reconciliation round failed");
+                tracing::warn!(error = %e.chain(), "reconciliation round failed");
             }
         })
         .await;
@@ -106,8 +108,8 @@ impl Reconciler {
             .into_iter()
             .map(|r| (r.order_id.to_string(), r.status))
             .collect();
-        let cutoff = (sampled_at - self.grace).timestamp_millis();
-        let gate = self.flash.gate();
+        let grace = chrono::Duration::from_std(self.grace).unwrap_or(chrono::Duration::MAX);
+        let cutoff = (sampled_at - grace).timestamp_millis();
         let mut report = VoucherReport::default();
         let mut remaining = snapshot.remaining;
         for (order, record) in &snapshot.orders {
@@ -130,7 +132,9 @@ impl Reconciler {
             } else {
                 "never_recorded"
             };
-            if gate.release(&voucher.code, &order_id, how).await? == ReleaseOutcome::Released {
+            if self.flash.give_back(&voucher.code, &order_id, how).await?
+                == ReleaseOutcome::Released
+            {
                 tracing::warn!(code = %voucher.code, %order_id, reason, "reconciliation gave a use back");
                 self.metrics.reconciled.with_label_values(&[reason]).inc();
                 remaining += 1;
@@ -140,9 +144,6 @@ impl Reconciler {
                     report.forgotten += 1;
                 }
             }
-        }
-        if report.forgotten + report.released > 0 {
-            gate.announce_available(&voucher.code).await;
         }
         let db_active = rows
             .values()

@@ -1,19 +1,19 @@
 //! The flash-mode gate: one atomic Lua script in Redis decides each reservation.
 //!
-//! The scripts live in `lua/` (see its README for the keys). They are loaded once and run
+//! The scripts live in `lua/` beside this file (see its README for the keys). They are loaded once and run
 //! by SHA; `redis::Script` falls back to sending the source when Redis answers NOSCRIPT
 //! (after a restart or SCRIPT FLUSH). Outcomes come back as the typed enums below.
 
 mod record;
 
-use std::time::Duration;
-
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
+use secrecy::ExposeSecret;
 
 pub use record::{OrderRecord, RecordState};
 
-use crate::domain::{OrderId, ReservationRequest, Voucher, VoucherCode};
+use crate::config::RedisSettings;
+use crate::domain::{Ineligibility, OrderId, ReservationRequest, Voucher, VoucherCode};
 use crate::{Error, Result};
 
 /// What the reserve script decided.
@@ -35,6 +35,19 @@ pub enum Refusal {
     BelowMinOrder,
     OutOfStock,
     AlreadyUsed,
+}
+
+/// A refusal is the same answer standard mode gives for the same reason.
+impl From<Refusal> for Error {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::NotStarted => Error::NotEligible(Ineligibility::NotStarted),
+            Refusal::Expired => Error::NotEligible(Ineligibility::Expired),
+            Refusal::BelowMinOrder => Error::NotEligible(Ineligibility::BelowMinOrder),
+            Refusal::OutOfStock => Error::OutOfStock,
+            Refusal::AlreadyUsed => Error::AlreadyUsed,
+        }
+    }
 }
 
 /// What the release script did.
@@ -78,6 +91,9 @@ pub struct GateSnapshot {
     pub orders: Vec<(String, OrderRecord)>,
 }
 
+/// The reserve script, public so the benchmark can measure it alone.
+pub const RESERVE_SCRIPT: &str = include_str!("lua/reserve.lua");
+
 /// How long an orderId stays claimed by its voucher: far longer than any sale.
 const ORDER_CLAIM_TTL_SECS: u64 = 30 * 24 * 3600;
 
@@ -94,6 +110,8 @@ pub struct Gate {
     conn: ConnectionManager,
     /// Put before every key, so several deployments (or tests) can share one Redis.
     prefix: String,
+    /// Where uses given back are announced to the edges.
+    channel: String,
     scripts: std::sync::Arc<Scripts>,
 }
 
@@ -106,8 +124,7 @@ struct Keys {
 }
 
 fn redis_down(e: redis::RedisError) -> Error {
-    tracing::warn!(error = %e, "redis call failed");
-    Error::Unavailable("redis")
+    Error::unavailable_because("redis", e)
 }
 
 fn ms(t: chrono::DateTime<chrono::Utc>) -> i64 {
@@ -115,23 +132,24 @@ fn ms(t: chrono::DateTime<chrono::Utc>) -> i64 {
 }
 
 impl Gate {
-    pub async fn connect(url: &str, prefix: &str, timeout: Duration) -> anyhow::Result<Self> {
-        let client = redis::Client::open(url)?;
+    pub async fn connect(settings: &RedisSettings) -> anyhow::Result<Self> {
+        let client = redis::Client::open(settings.url.expose_secret())?;
         let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(timeout)
-            .set_response_timeout(timeout)
+            .set_connection_timeout(settings.timeout)
+            .set_response_timeout(settings.timeout)
             .set_number_of_retries(1);
         let conn = ConnectionManager::new_with_config(client, config).await?;
         let scripts = Scripts {
-            reserve: Script::new(include_str!("../../../lua/reserve.lua")),
-            mark: Script::new(include_str!("../../../lua/mark.lua")),
-            release: Script::new(include_str!("../../../lua/release.lua")),
-            load: Script::new(include_str!("../../../lua/load.lua")),
-            snapshot: Script::new(include_str!("../../../lua/snapshot.lua")),
+            reserve: Script::new(RESERVE_SCRIPT),
+            mark: Script::new(include_str!("lua/mark.lua")),
+            release: Script::new(include_str!("lua/release.lua")),
+            load: Script::new(include_str!("lua/load.lua")),
+            snapshot: Script::new(include_str!("lua/snapshot.lua")),
         };
         let gate = Self {
             conn,
-            prefix: prefix.to_owned(),
+            prefix: settings.key_prefix.clone(),
+            channel: settings.availability_channel(),
             scripts: std::sync::Arc::new(scripts),
         };
         gate.load_scripts().await?;
@@ -190,7 +208,7 @@ impl Gate {
         let record = || {
             reply
                 .get(1)
-                .ok_or_else(|| Error::Internal("gate reply without record".into()))
+                .ok_or_else(|| Error::corrupt("gate reply without record"))
                 .and_then(|r| OrderRecord::parse(r))
         };
         Ok(match outcome {
@@ -202,7 +220,7 @@ impl Gate {
             "BELOW_MIN_ORDER" => GateDecision::Refused(Refusal::BelowMinOrder),
             "OUT_OF_STOCK" => GateDecision::Refused(Refusal::OutOfStock),
             "ALREADY_USED" => GateDecision::Refused(Refusal::AlreadyUsed),
-            other => return Err(Error::Internal(format!("unknown gate outcome {other:?}"))),
+            other => return Err(Error::corrupt(format!("gate outcome {other:?}"))),
         })
     }
 
@@ -291,11 +309,7 @@ impl Gate {
             "ABSENT" => ReleaseOutcome::Absent,
             "BUSY" => ReleaseOutcome::Busy,
             "NOT_LOADED" => ReleaseOutcome::NotLoaded,
-            other => {
-                return Err(Error::Internal(format!(
-                    "unknown release outcome {other:?}"
-                )))
-            }
+            other => return Err(Error::corrupt(format!("release outcome {other:?}"))),
         })
     }
 
@@ -350,7 +364,7 @@ impl Gate {
         let remaining = items
             .next()
             .and_then(|r| r.parse().ok())
-            .ok_or_else(|| Error::Internal("gate snapshot without remaining".into()))?;
+            .ok_or_else(|| Error::corrupt("gate snapshot without remaining"))?;
         let mut orders = Vec::new();
         while let (Some(order), Some(record)) = (items.next(), items.next()) {
             orders.push((order, OrderRecord::parse(&record)?));
@@ -392,18 +406,13 @@ impl Gate {
     /// delays availability until the TTL.
     pub async fn announce_available(&self, code: &VoucherCode) {
         let published: redis::RedisResult<i64> = redis::cmd("PUBLISH")
-            .arg(self.available_channel())
+            .arg(&self.channel)
             .arg(code.as_str())
             .query_async(&mut self.conn.clone())
             .await;
         if let Err(e) = published {
             tracing::debug!(error = %e, "availability not announced");
         }
-    }
-
-    /// The Pub/Sub channel of availability announcements.
-    pub fn available_channel(&self) -> String {
-        format!("{}available", self.prefix)
     }
 
     /// The order ids the gate has a record of, whatever their state.

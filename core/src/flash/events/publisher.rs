@@ -36,7 +36,7 @@ impl Publisher {
             .set("enable.idempotence", "true")
             .set(
                 "message.timeout.ms",
-                settings.message_timeout_ms.to_string(),
+                settings.message_timeout.as_millis().to_string(),
             )
             // A flash sale wants latency more than big batches.
             .set("linger.ms", "2")
@@ -52,8 +52,8 @@ impl Publisher {
     pub async fn publish(&self, event: &ReservedEvent) -> Result<(), PublishError> {
         let payload = match serde_json::to_vec(&super::VoucherEvent::Reserved(event.clone())) {
             Ok(payload) => payload,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot encode event");
+            Err(_) => {
+                // Cannot happen (plain strings and integers); if it did, nothing was sent.
                 let invalid = KafkaError::MessageProduction(RDKafkaErrorCode::InvalidMessage);
                 return Err(PublishError::NotWritten(invalid));
             }

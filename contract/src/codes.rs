@@ -1,0 +1,108 @@
+//! The stable error codes. Clients switch on these; the message beside them may change.
+
+/// The `error` of every error answer (`{"error": CODE, "message": ...}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    InvalidRequest,
+    MalformedJson,
+    UnsupportedMediaType,
+    PayloadTooLarge,
+    Unauthorized,
+    Forbidden,
+    RouteNotFound,
+    MethodNotAllowed,
+    VoucherNotFound,
+    ReservationNotFound,
+    VoucherExists,
+    OutOfStock,
+    AlreadyUsed,
+    NotEligible,
+    OrderIdConflict,
+    AlreadyReleased,
+    AlreadyConfirmed,
+    ServiceUnavailable,
+    Internal,
+    /// The edge could not read the request.
+    BadRequest,
+    /// The edge reached a core but got no answer from it.
+    BadGateway,
+}
+
+impl ErrorCode {
+    /// Every code, for documents and tests.
+    pub const ALL: [ErrorCode; 21] = [
+        Self::InvalidRequest,
+        Self::MalformedJson,
+        Self::UnsupportedMediaType,
+        Self::PayloadTooLarge,
+        Self::Unauthorized,
+        Self::Forbidden,
+        Self::RouteNotFound,
+        Self::MethodNotAllowed,
+        Self::VoucherNotFound,
+        Self::ReservationNotFound,
+        Self::VoucherExists,
+        Self::OutOfStock,
+        Self::AlreadyUsed,
+        Self::NotEligible,
+        Self::OrderIdConflict,
+        Self::AlreadyReleased,
+        Self::AlreadyConfirmed,
+        Self::ServiceUnavailable,
+        Self::Internal,
+        Self::BadRequest,
+        Self::BadGateway,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidRequest => "INVALID_REQUEST",
+            Self::MalformedJson => "MALFORMED_JSON",
+            Self::UnsupportedMediaType => "UNSUPPORTED_MEDIA_TYPE",
+            Self::PayloadTooLarge => "PAYLOAD_TOO_LARGE",
+            Self::Unauthorized => "UNAUTHORIZED",
+            Self::Forbidden => "FORBIDDEN",
+            Self::RouteNotFound => "ROUTE_NOT_FOUND",
+            Self::MethodNotAllowed => "METHOD_NOT_ALLOWED",
+            Self::VoucherNotFound => "VOUCHER_NOT_FOUND",
+            Self::ReservationNotFound => "RESERVATION_NOT_FOUND",
+            Self::VoucherExists => "VOUCHER_EXISTS",
+            Self::OutOfStock => "OUT_OF_STOCK",
+            Self::AlreadyUsed => "ALREADY_USED",
+            Self::NotEligible => "NOT_ELIGIBLE",
+            Self::OrderIdConflict => "ORDER_ID_CONFLICT",
+            Self::AlreadyReleased => "ALREADY_RELEASED",
+            Self::AlreadyConfirmed => "ALREADY_CONFIRMED",
+            Self::ServiceUnavailable => "SERVICE_UNAVAILABLE",
+            Self::Internal => "INTERNAL",
+            Self::BadRequest => "BAD_REQUEST",
+            Self::BadGateway => "BAD_GATEWAY",
+        }
+    }
+
+    /// The code a header or body carries, if it is one of ours.
+    pub fn parse(raw: &[u8]) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.as_str().as_bytes() == raw)
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_round_trips_and_is_distinct() {
+        let mut seen = std::collections::HashSet::new();
+        for code in ErrorCode::ALL {
+            assert_eq!(ErrorCode::parse(code.as_str().as_bytes()), Some(code));
+            assert!(seen.insert(code.as_str()), "{code} twice");
+        }
+        assert_eq!(ErrorCode::parse(b"out_of_stock"), None);
+    }
+}

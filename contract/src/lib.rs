@@ -1,0 +1,53 @@
+//! The wire contract of the voucher gate: what the edge and the core must agree on, kept in
+//! one crate both import so that neither can drift from the other.
+//!
+//! - [`headers`]: response headers with a meaning beyond HTTP itself;
+//! - [`ErrorCode`]: the stable `error` codes of every error answer, the edge's own included;
+//! - [`Route`]: the API's calls as the edge recognises them from method and path;
+//! - [`availability_channel`]: the Redis Pub/Sub channel on which cores announce uses given
+//!   back, derived from the one Redis key prefix both sides are configured with.
+//!
+//! It depends on nothing: plain strings, so a proxy and a web framework can both use it.
+
+mod codes;
+mod routes;
+
+pub use codes::ErrorCode;
+pub use routes::Route;
+
+/// Response headers of the API.
+pub mod headers {
+    /// On every error answer: the same code as the body's `error`, so a proxy can act on an
+    /// answer without parsing its body (the edge sets its sold-out flag from it).
+    pub const ERROR_CODE: &str = "x-error-code";
+    /// `true` on a 201 that repeats a reservation already made for the same orderId.
+    pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+    /// `edge` on answers the edge gave itself, without asking a core.
+    pub const SERVED_BY: &str = "x-served-by";
+    /// Seconds to wait before retrying a 503.
+    pub const RETRY_AFTER: &str = "retry-after";
+}
+
+/// The `Retry-After` of every 503, edge and core alike.
+pub const RETRY_AFTER_SECS: u32 = 1;
+
+/// The Redis key prefix of a deployment unless configured otherwise.
+pub const DEFAULT_KEY_PREFIX: &str = "vg:";
+
+/// The Pub/Sub channel of availability announcements for a deployment whose Redis keys
+/// start with `key_prefix`. Cores publish a voucher code on it whenever a use of that
+/// voucher is given back; edges drop the voucher's sold-out flag on it.
+pub fn availability_channel(key_prefix: &str) -> String {
+    format!("{key_prefix}available")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_channel_follows_the_key_prefix() {
+        assert_eq!(availability_channel(DEFAULT_KEY_PREFIX), "vg:available");
+        assert_eq!(availability_channel("shop1:"), "shop1:available");
+    }
+}

@@ -1,0 +1,43 @@
+//! Giving a use back to the gate: the one place it happens, and the one place the edges are
+//! told (a flag that says "sold out" must drop as soon as a use is free again).
+//!
+//! Who calls it: the publish path (the event was certainly not written, or the order was
+//! claimed by another voucher), release and expiry (the row was released in PostgreSQL),
+//! and reconciliation (the event never reached the database, or the gate missed a release).
+
+use super::gate::{GiveBack, ReleaseOutcome};
+use super::FlashPath;
+use crate::domain::{OrderId, VoucherCode};
+use crate::Result;
+
+impl FlashPath {
+    /// Gives the use `order_id` holds on `code` back, as `how` says; announces it to the
+    /// edges when a use was in fact returned.
+    pub(crate) async fn give_back(
+        &self,
+        code: &VoucherCode,
+        order_id: &OrderId,
+        how: GiveBack,
+    ) -> Result<ReleaseOutcome> {
+        let outcome = self.inner.gate.release(code, order_id, how).await?;
+        if outcome == ReleaseOutcome::Released {
+            self.inner.gate.announce_available(code).await;
+        }
+        Ok(outcome)
+    }
+
+    /// After PostgreSQL released an order (a release call, the expiry job): the gate gives
+    /// its use back. If Redis fails here, reconciliation gives it back later (an undersell
+    /// meanwhile, never an oversell), so the failure is logged, not raised.
+    pub async fn released_in_db(&self, code: &VoucherCode, order_id: &OrderId) {
+        match self.give_back(code, order_id, GiveBack::Release).await {
+            Ok(ReleaseOutcome::Released | ReleaseOutcome::Already) => {}
+            Ok(other) => {
+                tracing::info!(?other, %order_id, "released in PostgreSQL; nothing held in the gate")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e.chain(), %order_id, "released in PostgreSQL; the gate will be reconciled")
+            }
+        }
+    }
+}

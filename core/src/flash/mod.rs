@@ -1,0 +1,102 @@
+//! Flash mode: the Redis gate decides, Kafka carries the decision, PostgreSQL records it.
+//!
+//! A reservation answers 201 only after its event is acknowledged by the broker, so every
+//! 201 ends up as a row (the consumer is at-least-once and idempotent). When the broker's
+//! answer is ambiguous (a timeout: the event may or may not be written), the use stays held
+//! and the client gets 503; its retry with the same orderId re-publishes the same event and
+//! gets the 201 once that is acknowledged. A use whose event was certainly not written is
+//! given back at once; one whose event never reached the database is given back by
+//! reconciliation, after the consumer has caught up past any late write.
+//!
+//! Layout (every arrow points down: this module uses `store` and `domain`, never the reverse):
+//! - [`gate`]: the Redis gate, its Lua scripts and the per-order record they keep;
+//! - [`events`]: the event, its publisher, the consumer that writes it into PostgreSQL,
+//!   and "has the consumer written everything published so far?";
+//! - `reserve`: the reserve protocol (gate, claim, publish, acknowledge);
+//! - `settle`: confirm and release, which wait for the consumer to write the row;
+//! - `give_back`: the one place a use goes back to the gate and the edges hear of it;
+//! - [`rebuild`]: a lost gate rebuilt from PostgreSQL once that is safe;
+//! - [`reconcile`]: the periodic comparison of gate and database, and its repairs.
+
+pub mod events;
+pub mod gate;
+mod give_back;
+pub mod rebuild;
+pub mod reconcile;
+mod reserve;
+mod settle;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::config::{FlashSettings, KafkaSettings};
+use crate::domain::{Voucher, VoucherCode};
+use crate::metrics::Metrics;
+use crate::store::Store;
+use crate::Result;
+use events::progress::Progress;
+use events::publisher::Publisher;
+use gate::{Gate, GateLoad};
+
+pub use rebuild::Rebuild;
+
+#[derive(Clone)]
+pub struct FlashPath {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    gate: Gate,
+    publisher: Publisher,
+    progress: Progress,
+    store: Store,
+    metrics: Arc<Metrics>,
+    settings: FlashSettings,
+    /// After a gate is lost, a reservation that passed it just before may still be
+    /// publishing for this long: the rebuild waits it out.
+    message_timeout: Duration,
+    /// Vouchers whose gate this instance is rebuilding (one rebuild each at a time).
+    rebuilding: Mutex<HashSet<VoucherCode>>,
+}
+
+impl FlashPath {
+    pub fn new(
+        gate: Gate,
+        kafka: &KafkaSettings,
+        store: Store,
+        metrics: Arc<Metrics>,
+        settings: FlashSettings,
+    ) -> anyhow::Result<Self> {
+        Ok(Self {
+            inner: Arc::new(Inner {
+                gate,
+                publisher: Publisher::new(kafka)?,
+                progress: Progress::new(kafka)?,
+                store,
+                metrics,
+                settings,
+                message_timeout: kafka.message_timeout,
+                rebuilding: Mutex::new(HashSet::new()),
+            }),
+        })
+    }
+
+    pub fn gate(&self) -> &Gate {
+        &self.inner.gate
+    }
+
+    pub fn progress(&self) -> &Progress {
+        &self.inner.progress
+    }
+
+    /// Loads the gate of a voucher just created: nothing can have been published for it.
+    pub async fn warm_up(&self, voucher: &Voucher) -> Result<()> {
+        let state = GateLoad {
+            remaining: i64::from(voucher.total_limit),
+            ..Default::default()
+        };
+        self.inner.gate.load(voucher, &state).await?;
+        Ok(())
+    }
+}

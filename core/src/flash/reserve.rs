@@ -1,0 +1,215 @@
+//! The reserve protocol of flash mode: the gate takes a use, the orderId is claimed across
+//! vouchers, the event is published, and only its acknowledgement turns into a 201.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use chrono::Utc;
+
+use super::events::publisher::PublishError;
+use super::events::ReservedEvent;
+use super::gate::{GateDecision, GiveBack, OrderRecord, RecordState};
+use super::FlashPath;
+use crate::domain::{Reservation, ReservationRequest, Voucher};
+use crate::store::ReserveOutcome;
+use crate::{Error, Result};
+
+impl FlashPath {
+    pub async fn reserve(
+        &self,
+        voucher: &Arc<Voucher>,
+        request: &ReservationRequest,
+        ttl: chrono::Duration,
+    ) -> Result<ReserveOutcome> {
+        // At most twice: a retry that finds its pending record forgotten by reconciliation
+        // (its event was never recorded) reserves anew.
+        for _ in 0..2 {
+            let decision = self.decide(request, ttl).await?;
+            match decision {
+                GateDecision::Refused(refusal) => return Err(refusal.into()),
+                GateDecision::NotLoaded => {
+                    self.trigger_rebuild(voucher.clone());
+                    return Err(Error::unavailable("voucher gate (rebuilding)"));
+                }
+                GateDecision::Reserved(record) => return self.publish_new(request, record).await,
+                GateDecision::Exists(record) => {
+                    if !record.is_retry_by(&request.customer_id, request.order_amount) {
+                        return Err(Error::OrderIdConflict);
+                    }
+                    if record.state != RecordState::Pending {
+                        let stored =
+                            record.reservation(&request.voucher_code, &request.order_id)?;
+                        return Ok(ReserveOutcome::Retried(stored));
+                    }
+                    match self.republish(request, record).await? {
+                        Some(outcome) => return Ok(outcome),
+                        None => continue,
+                    }
+                }
+            }
+        }
+        Err(Error::unavailable("voucher gate"))
+    }
+
+    /// One run of the gate's reserve script, timed.
+    async fn decide(
+        &self,
+        request: &ReservationRequest,
+        ttl: chrono::Duration,
+    ) -> Result<GateDecision> {
+        let now = Utc::now().timestamp_millis();
+        let started = Instant::now();
+        let decision = self
+            .inner
+            .gate
+            .reserve(request, now, ttl.num_milliseconds())
+            .await;
+        self.inner
+            .metrics
+            .gate_duration
+            .observe(started.elapsed().as_secs_f64());
+        decision
+    }
+
+    /// A use just taken: claim the orderId, publish, then answer.
+    async fn publish_new(
+        &self,
+        request: &ReservationRequest,
+        record: OrderRecord,
+    ) -> Result<ReserveOutcome> {
+        // One orderId, one voucher: the gate's records are per voucher, so a global claim
+        // catches the same orderId on two flash vouchers.
+        let claimed = self
+            .inner
+            .gate
+            .claim_order(&request.order_id, &request.voucher_code)
+            .await;
+        match claimed {
+            Ok(true) => {}
+            Ok(false) => return self.undo(request, &record, Error::OrderIdConflict).await,
+            Err(e) => return self.undo(request, &record, e).await,
+        }
+        match self.publish(request, &record).await {
+            Ok(()) => Ok(ReserveOutcome::Reserved(
+                self.acknowledged(request, record).await?,
+            )),
+            Err(e) => {
+                let certainly_not_written = matches!(e, PublishError::NotWritten(_));
+                let answer = Error::unavailable_because("event broker", e);
+                if certainly_not_written {
+                    self.undo(request, &record, answer).await
+                } else {
+                    // Ambiguous: the use stays held; a retry re-publishes, reconciliation
+                    // gives it back if the event never lands.
+                    Err(answer)
+                }
+            }
+        }
+    }
+
+    /// The use just taken goes back, since nothing will be recorded for it, unless a retry
+    /// has started a publish of its own since; then answers `answer`.
+    async fn undo(
+        &self,
+        request: &ReservationRequest,
+        record: &OrderRecord,
+        answer: Error,
+    ) -> Result<ReserveOutcome> {
+        let mine = GiveBack::Forget {
+            states: vec![RecordState::Pending],
+            published_by_ms: record.publish_ms,
+        };
+        self.give_back(&request.voucher_code, &request.order_id, mine)
+            .await?;
+        Err(answer)
+    }
+
+    /// A retry of an order whose event is not yet acknowledged: publish it again (the
+    /// consumer ignores the duplicate). `None` when reconciliation forgot the order.
+    async fn republish(
+        &self,
+        request: &ReservationRequest,
+        record: OrderRecord,
+    ) -> Result<Option<ReserveOutcome>> {
+        let (code, order_id) = (&request.voucher_code, &request.order_id);
+        let now = Utc::now().timestamp_millis();
+        let gate = &self.inner.gate;
+        let touched = gate
+            .mark(
+                code,
+                order_id,
+                &[RecordState::Pending],
+                RecordState::Pending,
+                Some(now),
+            )
+            .await?;
+        match touched {
+            None => return Ok(None),
+            Some(RecordState::Pending) => {}
+            // Acknowledged (or moved on) meanwhile: answer from the record.
+            Some(_) => {
+                return match gate.record(code, order_id).await? {
+                    Some(r) => Ok(Some(ReserveOutcome::Retried(
+                        r.reservation(code, order_id)?,
+                    ))),
+                    None => Ok(None),
+                };
+            }
+        }
+        match self.publish(request, &record).await {
+            Ok(()) => Ok(Some(ReserveOutcome::Retried(
+                self.acknowledged(request, record).await?,
+            ))),
+            // Whatever the broker said, an earlier publish may have landed: the use stays held.
+            Err(e) => Err(Error::unavailable_because("event broker", e)),
+        }
+    }
+
+    async fn publish(
+        &self,
+        request: &ReservationRequest,
+        record: &OrderRecord,
+    ) -> Result<(), PublishError> {
+        let started = Instant::now();
+        let event = ReservedEvent::new(&request.voucher_code, &request.order_id, record);
+        let result = self.inner.publisher.publish(&event).await;
+        let label = match &result {
+            Ok(()) => "ok",
+            Err(PublishError::NotWritten(_)) => "not_written",
+            Err(PublishError::Ambiguous(_)) => "ambiguous",
+        };
+        self.inner
+            .metrics
+            .publish_duration
+            .with_label_values(&[label])
+            .observe(started.elapsed().as_secs_f64());
+        result
+    }
+
+    /// The event is acknowledged: the record goes P -> A and the reservation is answered.
+    /// Failing to mark changes nothing that matters: a pending record whose row exists is
+    /// never forgotten.
+    async fn acknowledged(
+        &self,
+        request: &ReservationRequest,
+        mut record: OrderRecord,
+    ) -> Result<Reservation> {
+        let (code, order_id) = (&request.voucher_code, &request.order_id);
+        let marked = self
+            .inner
+            .gate
+            .mark(
+                code,
+                order_id,
+                &[RecordState::Pending],
+                RecordState::Accepted,
+                None,
+            )
+            .await;
+        if let Err(e) = marked {
+            tracing::warn!(error = %e.chain(), "cannot mark the record accepted");
+        }
+        record.state = RecordState::Accepted;
+        record.reservation(code, order_id)
+    }
+}

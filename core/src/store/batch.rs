@@ -1,0 +1,292 @@
+//! Recording reservations decided elsewhere (by the flash gate), in batches, idempotently.
+//!
+//! The caller (flash mode's event consumer) hands over RESERVED reservations; this module
+//! knows nothing of events or brokers.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use sqlx::{PgConnection, Postgres, Transaction};
+
+use super::reservations::{take_customer_use, take_voucher_use};
+use super::Store;
+use crate::domain::Reservation;
+use crate::Result;
+
+/// What a batch did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct BatchResult {
+    /// New rows: uses recorded.
+    pub inserted: usize,
+    /// Reservations whose row already existed (redelivery, replay): no-ops.
+    pub duplicates: usize,
+    /// Reservations the database refuses (by index in the batch, with the reason).
+    pub refused: Vec<(usize, String)>,
+    /// Transactions spent, for the "far fewer transactions than uses" figure.
+    pub transactions: usize,
+}
+
+/// A constraint the database named when it refused a write.
+fn refusal(e: &sqlx::Error) -> Option<String> {
+    match e {
+        sqlx::Error::Database(db) => match (db.constraint(), db.code().as_deref()) {
+            (Some(name), _) => Some(name.to_owned()),
+            // check, not-null, foreign-key, unique, exclusion violations; invalid text
+            (None, Some(code)) if code.starts_with("23") || code.starts_with("22") => {
+                Some(format!("sqlstate {code}"))
+            }
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The new uses of a batch, per customer and per voucher, sorted: the store's lock order.
+#[derive(Default)]
+struct NewUses<'a> {
+    per_customer: BTreeMap<(&'a str, &'a str), i32>,
+    per_voucher: BTreeMap<&'a str, i32>,
+}
+
+impl<'a> NewUses<'a> {
+    fn count(inserted: &'a [(String, String, String)]) -> Self {
+        let mut uses = Self::default();
+        for (code, customer, _) in inserted {
+            *uses.per_customer.entry((code, customer)).or_default() += 1;
+            *uses.per_voucher.entry(code).or_default() += 1;
+        }
+        uses
+    }
+}
+
+impl Store {
+    /// Records a batch of RESERVED reservations.
+    ///
+    /// Fast path: one transaction for the whole batch. If the database refuses any of it
+    /// (a constraint: the last guard caught something the gate let through), the batch is
+    /// replayed one reservation per transaction, so that only the refused ones are set aside.
+    #[tracing::instrument(name = "db.record_reserved", skip_all, fields(events = batch.len()))]
+    pub async fn record_reserved(&self, batch: &[Reservation]) -> Result<BatchResult> {
+        match self.record_batch(batch).await {
+            Ok(result) => Ok(result),
+            Err(e) if refusal(&e).is_some() => {
+                tracing::warn!(error = %e, "batch refused; recording its reservations one by one");
+                self.record_one_by_one(batch).await
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The whole batch in one transaction: insert the rows, then count their uses against
+    /// the customers' and the vouchers' limits (whose CHECKs refuse an overshoot), then tell
+    /// repeats from conflicts among the rows that were not new.
+    async fn record_batch(&self, batch: &[Reservation]) -> Result<BatchResult, sqlx::Error> {
+        let mut tx = self.pool().begin().await?;
+        let inserted = insert_rows(&mut tx, batch).await?;
+        let uses = NewUses::count(&inserted);
+        add_customer_uses(&mut tx, &uses).await?;
+        add_voucher_uses(&mut tx, &uses).await?;
+        let fresh: HashSet<&str> = inserted.iter().map(|(_, _, o)| o.as_str()).collect();
+        let refused = classify_existing(&mut tx, batch, &fresh).await?;
+        tx.commit().await?;
+        Ok(BatchResult {
+            inserted: inserted.len(),
+            duplicates: batch.len() - inserted.len() - refused.len(),
+            refused,
+            transactions: 1,
+        })
+    }
+
+    async fn record_one_by_one(&self, batch: &[Reservation]) -> Result<BatchResult> {
+        let mut result = BatchResult::default();
+        let mut duplicates = vec![];
+        for (i, reservation) in batch.iter().enumerate() {
+            result.transactions += 1;
+            match self.record_single(reservation).await? {
+                Single::Inserted => result.inserted += 1,
+                Single::Duplicate => duplicates.push(i),
+                Single::Refused(reason) => result.refused.push((i, reason)),
+            }
+        }
+        // A "duplicate" whose stored row is another reservation's is refused.
+        let repeated: Vec<Reservation> = duplicates.iter().map(|&i| batch[i].clone()).collect();
+        let mut conn = self.pool().acquire().await?;
+        let conflicts = classify_existing(&mut conn, &repeated, &HashSet::new()).await?;
+        result.duplicates = duplicates.len() - conflicts.len();
+        result.refused.extend(
+            conflicts
+                .into_iter()
+                .map(|(k, reason)| (duplicates[k], reason)),
+        );
+        Ok(result)
+    }
+
+    /// One reservation in its own transaction.
+    async fn record_single(&self, r: &Reservation) -> Result<Single> {
+        let mut tx = self.pool().begin().await?;
+        let insert = sqlx::query(
+            "INSERT INTO redemptions (voucher_code, customer_id, order_id, order_amount,
+                                      discount_amount, reserved_at, expires_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
+             ON CONFLICT (order_id) DO NOTHING",
+        )
+        .bind(r.voucher_code.as_str())
+        .bind(r.customer_id.as_str())
+        .bind(r.order_id.as_str())
+        .bind(r.order_amount.minor_units())
+        .bind(r.discount_amount.minor_units())
+        .bind(r.reserved_at)
+        .bind(r.expires_at)
+        .execute(&mut *tx)
+        .await;
+        let inserted = match insert {
+            Ok(done) => done.rows_affected() == 1,
+            Err(err) => {
+                return match refusal(&err) {
+                    Some(reason) => Ok(Single::Refused(reason)),
+                    None => Err(err.into()),
+                }
+            }
+        };
+        if !inserted {
+            return Ok(Single::Duplicate);
+        }
+        // The conditional updates say "no" instead of raising; the reason is the constraint
+        // that would have refused the same write.
+        let (code, customer) = (r.voucher_code.as_str(), r.customer_id.as_str());
+        if !take_customer_use(&mut tx, code, customer).await? {
+            return Ok(Single::Refused("customer_usage_within_limit".into()));
+        }
+        if !take_voucher_use(&mut tx, code).await? {
+            return Ok(Single::Refused("vouchers_used_within_limit".into()));
+        }
+        tx.commit().await?;
+        Ok(Single::Inserted)
+    }
+}
+
+enum Single {
+    Inserted,
+    Duplicate,
+    Refused(String),
+}
+
+/// Inserts every row whose orderId is new; returns (code, customer, order) of those.
+async fn insert_rows(
+    tx: &mut Transaction<'_, Postgres>,
+    batch: &[Reservation],
+) -> Result<Vec<(String, String, String)>, sqlx::Error> {
+    let text = |f: fn(&Reservation) -> &str| batch.iter().map(f).collect::<Vec<_>>();
+    sqlx::query_as(
+        "INSERT INTO redemptions (voucher_code, customer_id, order_id, order_amount,
+                                  discount_amount, reserved_at, expires_at)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[],
+                              $6::timestamptz[], $7::timestamptz[])
+         ON CONFLICT (order_id) DO NOTHING
+         RETURNING voucher_code, customer_id, order_id",
+    )
+    .bind(text(|r| r.voucher_code.as_str()))
+    .bind(text(|r| r.customer_id.as_str()))
+    .bind(text(|r| r.order_id.as_str()))
+    .bind(
+        batch
+            .iter()
+            .map(|r| r.order_amount.minor_units())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        batch
+            .iter()
+            .map(|r| r.discount_amount.minor_units())
+            .collect::<Vec<_>>(),
+    )
+    .bind(batch.iter().map(|r| r.reserved_at).collect::<Vec<_>>())
+    .bind(batch.iter().map(|r| r.expires_at).collect::<Vec<_>>())
+    .fetch_all(&mut **tx)
+    .await
+}
+
+/// Adds the new uses to each customer's counter; CHECK customer_usage_within_limit refuses
+/// a customer pushed past its limit.
+async fn add_customer_uses(
+    tx: &mut Transaction<'_, Postgres>,
+    uses: &NewUses<'_>,
+) -> Result<(), sqlx::Error> {
+    let mut codes = Vec::with_capacity(uses.per_customer.len());
+    let mut customers = Vec::with_capacity(uses.per_customer.len());
+    let mut counts = Vec::with_capacity(uses.per_customer.len());
+    for ((code, customer), n) in &uses.per_customer {
+        codes.push(*code);
+        customers.push(*customer);
+        counts.push(*n);
+    }
+    sqlx::query(
+        "INSERT INTO customer_usage AS u (voucher_code, customer_id, active_count, per_user_limit)
+         SELECT c.code, c.customer, c.n, v.per_user_limit
+         FROM unnest($1::text[], $2::text[], $3::int4[]) WITH ORDINALITY AS c(code, customer, n, i)
+         JOIN vouchers v ON v.code = c.code
+         ORDER BY c.i
+         ON CONFLICT (voucher_code, customer_id)
+         DO UPDATE SET active_count = u.active_count + excluded.active_count",
+    )
+    .bind(&codes)
+    .bind(&customers)
+    .bind(&counts)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Adds the new uses to each voucher's count; CHECK vouchers_used_within_limit refuses a
+/// voucher pushed past its limit.
+async fn add_voucher_uses(
+    tx: &mut Transaction<'_, Postgres>,
+    uses: &NewUses<'_>,
+) -> Result<(), sqlx::Error> {
+    for (code, n) in &uses.per_voucher {
+        sqlx::query("UPDATE vouchers SET used_count = used_count + $2 WHERE code = $1")
+            .bind(code)
+            .bind(n)
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Rows not inserted either repeat a stored reservation (a no-op) or carry an orderId that
+/// belongs to a different reservation (refused).
+async fn classify_existing(
+    conn: &mut PgConnection,
+    batch: &[Reservation],
+    fresh: &HashSet<&str>,
+) -> Result<Vec<(usize, String)>, sqlx::Error> {
+    // The first reservation of each inserted orderId is its row; every other one repeats it.
+    let mut first_seen = HashSet::new();
+    let to_check: Vec<(usize, &Reservation)> = batch
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| {
+            let order = r.order_id.as_str();
+            !(fresh.contains(order) && first_seen.insert(order))
+        })
+        .collect();
+    if to_check.is_empty() {
+        return Ok(vec![]);
+    }
+    let ids: Vec<&str> = to_check.iter().map(|(_, r)| r.order_id.as_str()).collect();
+    let rows: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT order_id, voucher_code, customer_id FROM redemptions WHERE order_id = ANY($1)",
+    )
+    .bind(&ids)
+    .fetch_all(conn)
+    .await?;
+    let stored: HashMap<String, (String, String)> =
+        rows.into_iter().map(|(o, v, c)| (o, (v, c))).collect();
+    Ok(to_check
+        .into_iter()
+        .filter(|(_, r)| {
+            !matches!(stored.get(r.order_id.as_str()),
+                Some((v, c)) if v == r.voucher_code.as_str() && c == r.customer_id.as_str())
+        })
+        .map(|(i, _)| (i, "redemptions_order_id_key".to_owned()))
+        .collect())
+}
