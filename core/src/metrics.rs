@@ -55,133 +55,123 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Every metric registered in a registry of its own, and the series that must exist
+    /// from the start set to 0.
     pub fn new() -> Self {
-        let registry = Registry::new();
-        let http_requests = IntCounterVec::new(
-            Opts::new("http_requests_total", "HTTP requests answered by the core"),
-            &["method", "route", "status", "code"],
-        )
-        .expect("static metric definition is valid");
-        let http_duration = HistogramVec::new(
-            HistogramOpts::new(
+        let r = Registry::new();
+        let latency = || LATENCY_BUCKETS.to_vec();
+        let metrics = Self {
+            http_requests: counter_vec(
+                &r,
+                "http_requests_total",
+                "HTTP requests answered by the core",
+                &["method", "route", "status", "code"],
+            ),
+            http_duration: histogram_vec(
+                &r,
                 "http_request_duration_seconds",
                 "Time from request received to response ready",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
-            &["method", "route"],
-        )
-        .expect("static metric definition is valid");
-        let reservations = IntCounterVec::new(
-            Opts::new(
+                &["method", "route"],
+                latency(),
+            ),
+            reservations: counter_vec(
+                &r,
                 "voucher_reservations_total",
                 "Reservation decisions by mode and outcome",
+                &["mode", "outcome"],
             ),
-            &["mode", "outcome"],
-        )
-        .expect("static metric definition is valid");
-        let expired_releases = IntCounter::new(
-            "voucher_expired_releases_total",
-            "Reservations released by the expiry job",
-        )
-        .expect("static metric definition is valid");
-        let expiry_runs = IntCounterVec::new(
-            Opts::new("voucher_expiry_runs_total", "Expiry job runs by result"),
-            &["result"],
-        )
-        .expect("static metric definition is valid");
-        let gate_duration = Histogram::with_opts(
-            HistogramOpts::new(
-                "voucher_gate_duration_seconds",
-                "Time in the Redis gate script",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
-        )
-        .expect("static metric definition is valid");
-        let publish_duration = HistogramVec::new(
-            HistogramOpts::new(
+            expired_releases: register(
+                &r,
+                IntCounter::new(
+                    "voucher_expired_releases_total",
+                    "Reservations released by the expiry job",
+                ),
+            ),
+            expiry_runs: counter_vec(
+                &r,
+                "voucher_expiry_runs_total",
+                "Expiry job runs by result",
+                &["result"],
+            ),
+            gate_duration: register(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "voucher_gate_duration_seconds",
+                        "Time in the Redis gate script",
+                    )
+                    .buckets(latency()),
+                ),
+            ),
+            publish_duration: histogram_vec(
+                &r,
                 "voucher_publish_duration_seconds",
                 "Time to a Kafka acknowledgement",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
-            &["result"],
-        )
-        .expect("static metric definition is valid");
-        let consumer_batch_size = Histogram::with_opts(
-            HistogramOpts::new("voucher_consumer_batch_size", "Events per consumer batch").buckets(
-                vec![1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0],
+                &["result"],
+                latency(),
             ),
-        )
-        .expect("static metric definition is valid");
-        let consumer_events = IntCounterVec::new(
-            Opts::new(
+            consumer_batch_size: register(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new("voucher_consumer_batch_size", "Events per consumer batch")
+                        .buckets(vec![
+                            1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0,
+                        ]),
+                ),
+            ),
+            consumer_events: counter_vec(
+                &r,
                 "voucher_consumer_events_total",
                 "Events handled by the consumer",
+                &["result"],
             ),
-            &["result"],
-        )
-        .expect("static metric definition is valid");
-        let consumer_transactions = IntCounter::new(
-            "voucher_consumer_transactions_total",
-            "PostgreSQL transactions spent by the consumer",
-        )
-        .expect("static metric definition is valid");
-        let consumer_lag = IntGauge::new(
-            "voucher_consumer_lag_messages",
-            "Events published but not yet committed by the writers' group",
-        )
-        .expect("static metric definition is valid");
-        let gate_drift = IntGaugeVec::new(
-            Opts::new(
+            consumer_transactions: register(
+                &r,
+                IntCounter::new(
+                    "voucher_consumer_transactions_total",
+                    "PostgreSQL transactions spent by the consumer",
+                ),
+            ),
+            consumer_lag: register(
+                &r,
+                IntGauge::new(
+                    "voucher_consumer_lag_messages",
+                    "Events published but not yet committed by the writers' group",
+                ),
+            ),
+            gate_drift: gauge_vec(
+                &r,
                 "voucher_gate_drift",
                 "Uses held in Redis minus uses held in PostgreSQL",
+                &["voucher"],
             ),
-            &["voucher"],
-        )
-        .expect("static metric definition is valid");
-        let gate_remaining = IntGaugeVec::new(
-            Opts::new("voucher_gate_remaining", "Uses left at the Redis gate"),
-            &["voucher"],
-        )
-        .expect("static metric definition is valid");
-        let reconciled = IntCounterVec::new(
-            Opts::new(
+            gate_remaining: gauge_vec(
+                &r,
+                "voucher_gate_remaining",
+                "Uses left at the Redis gate",
+                &["voucher"],
+            ),
+            reconciled: counter_vec(
+                &r,
                 "voucher_reconciled_uses_total",
                 "Uses given back by reconciliation",
+                &["reason"],
             ),
-            &["reason"],
-        )
-        .expect("static metric definition is valid");
-        let gate_rebuilds = IntCounterVec::new(
-            Opts::new(
+            gate_rebuilds: counter_vec(
+                &r,
                 "voucher_gate_rebuilds_total",
                 "Gate rebuild attempts by result",
+                &["result"],
             ),
-            &["result"],
-        )
-        .expect("static metric definition is valid");
-        for collector in [
-            Box::new(http_requests.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(http_duration.clone()),
-            Box::new(reservations.clone()),
-            Box::new(expired_releases.clone()),
-            Box::new(expiry_runs.clone()),
-            Box::new(gate_duration.clone()),
-            Box::new(publish_duration.clone()),
-            Box::new(consumer_batch_size.clone()),
-            Box::new(consumer_events.clone()),
-            Box::new(consumer_transactions.clone()),
-            Box::new(consumer_lag.clone()),
-            Box::new(gate_drift.clone()),
-            Box::new(gate_remaining.clone()),
-            Box::new(reconciled.clone()),
-            Box::new(gate_rebuilds.clone()),
-        ] {
-            registry
-                .register(collector)
-                .expect("each metric is registered once");
-        }
-        // Series that exist from the start (at 0), so dashboards and alerts see them before
-        // the first event of their kind.
+            registry: r,
+        };
+        metrics.start_series_at_zero();
+        metrics
+    }
+
+    /// Series that exist from the start (at 0), so dashboards and alerts see them before
+    /// the first event of their kind.
+    fn start_series_at_zero(&self) {
         for mode in ["standard", "flash"] {
             for outcome in [
                 "reserved",
@@ -190,41 +180,28 @@ impl Metrics {
                 "ALREADY_USED",
                 "NOT_ELIGIBLE",
             ] {
-                reservations.with_label_values(&[mode, outcome]);
+                self.reservations.with_label_values(&[mode, outcome]);
             }
         }
-        for result in ["ok", "error"] {
-            expiry_runs.with_label_values(&[result]);
+        let labelled: [(&IntCounterVec, &[&str]); 4] = [
+            (&self.expiry_runs, &["ok", "error"]),
+            (
+                &self.consumer_events,
+                &["inserted", "duplicate", "dead_lettered"],
+            ),
+            (&self.reconciled, &["never_recorded", "released_in_db"]),
+            (
+                &self.gate_rebuilds,
+                &["loaded", "already_loaded", "not_caught_up", "error"],
+            ),
+        ];
+        for (counter, labels) in labelled {
+            for label in labels {
+                counter.with_label_values(&[label]);
+            }
         }
         for result in ["ok", "not_written", "ambiguous"] {
-            publish_duration.with_label_values(&[result]);
-        }
-        for result in ["inserted", "duplicate", "dead_lettered"] {
-            consumer_events.with_label_values(&[result]);
-        }
-        for reason in ["never_recorded", "released_in_db"] {
-            reconciled.with_label_values(&[reason]);
-        }
-        for result in ["loaded", "already_loaded", "not_caught_up", "error"] {
-            gate_rebuilds.with_label_values(&[result]);
-        }
-        Self {
-            registry,
-            http_requests,
-            http_duration,
-            reservations,
-            expired_releases,
-            expiry_runs,
-            gate_duration,
-            publish_duration,
-            consumer_batch_size,
-            consumer_events,
-            consumer_transactions,
-            consumer_lag,
-            gate_drift,
-            gate_remaining,
-            reconciled,
-            gate_rebuilds,
+            self.publish_duration.with_label_values(&[result]);
         }
     }
 
@@ -237,6 +214,40 @@ impl Metrics {
         }
         String::from_utf8(buf).unwrap_or_default()
     }
+}
+
+/// Registers `metric` in `registry` and hands it back. The definitions are static, so a
+/// failure here is a bug caught by the first test that builds the metrics.
+fn register<M>(registry: &Registry, metric: prometheus::Result<M>) -> M
+where
+    M: prometheus::core::Collector + Clone + 'static,
+{
+    let metric = metric.expect("static metric definition is valid");
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("each metric is registered once");
+    metric
+}
+
+fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    register(registry, IntCounterVec::new(Opts::new(name, help), labels))
+}
+
+fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    register(registry, IntGaugeVec::new(Opts::new(name, help), labels))
+}
+
+fn histogram_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+    buckets: Vec<f64>,
+) -> HistogramVec {
+    register(
+        registry,
+        HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels),
+    )
 }
 
 impl Default for Metrics {

@@ -142,202 +142,180 @@ async fn main() -> anyhow::Result<()> {
             .parse()?;
         return bare::serve(addr).await;
     }
-    let out = std::path::PathBuf::from(
-        args.get(1)
-            .cloned()
-            .unwrap_or_else(|| "reports/bench".into()),
-    );
-    std::fs::create_dir_all(&out)?;
-    let stack = Stack {
-        http: reqwest::Client::new(),
-        edge: env_or("EDGE", "127.0.0.1:8080"),
-        core: env_or("CORE", "127.0.0.1:8081"),
-        core_metrics: env_or("CORE_METRICS", "127.0.0.1:9181,127.0.0.1:9182")
-            .split(',')
-            .map(str::to_owned)
-            .collect(),
-        token: env_or("ADMIN_TOKEN", "dev-admin-token"),
-        db: sqlx::PgPool::connect(&env_or(
-            "DATABASE_URL",
-            "postgres://postgres@127.0.0.1:5432/vouchers",
-        ))
-        .await?,
-    };
-    let edge: SocketAddr = stack.edge.parse()?;
-    let core: SocketAddr = stack.core.parse()?;
-    let run_id = chrono::Utc::now().format("%H%M%S").to_string();
-    // Every 201 of every run, for the invariant check at the end.
-    let accepted = std::sync::Mutex::new(Vec::<Accepted>::new());
-    let mut report = String::new();
-    let mut table = Vec::new();
+    let out = args
+        .get(1)
+        .cloned()
+        .unwrap_or_else(|| "reports/bench".into());
+    let mut run = Run::connect(std::path::PathBuf::from(out)).await?;
+    run.flash_sale().await?;
+    run.reject_path().await?;
+    run.hot_voucher().await?;
+    run.gate_vs_redis_benchmark().await?;
+    run.peak_memory().await?;
+    run.invariants().await?;
+    run.write_report()
+}
 
-    // 1. The flash sale through the edge: 1,000 uses, climbing to the highest rate sustained.
-    eprintln!("flash sale through the edge");
-    let sale_details = std::sync::Mutex::new(Vec::new());
-    let flash_steps = climb(
-        &ladder(
-            "SALE_RATES",
-            "1000,2000,3000,5000,10000,20000,30000,40000,50000",
-        ),
-        |rate| {
-            let (stack, run_id, sale_details, accepted) =
-                (&stack, &run_id, &sale_details, &accepted);
-            async move {
-                let code = format!("S{run_id}R{rate}");
-                stack.create_voucher(&code, 1000, "flash").await?;
-                let before = stack.sale_counters().await?;
-                let outcome =
-                    load::run(reserve_plan(edge, rate, &code, "s", SALE_CONNECTIONS)).await?;
-                remember_accepted(accepted, &code, "s", &outcome);
-                let issued = outcome.count(|s| s.status == 201);
-                let (rows, used) = stack.wait_recorded(&code, issued as i64).await?;
-                let after = stack.sale_counters().await?;
-                let (oos0, tx0, ctx0) = before;
-                let (oos1, tx1, ctx1) = after;
-                let note = format!("issued {issued}, rows {rows}, used_count {used}");
-                if let Ok(mut d) = sale_details.lock() {
-                    d.push((
-                        rate,
-                        issued,
-                        rows,
-                        used,
-                        oos1 - oos0,
-                        tx1 - tx0,
-                        ctx1 - ctx0,
-                    ));
-                }
-                Ok(Step {
-                    rate,
-                    outcome,
-                    note,
-                })
-            }
-        },
-    )
-    .await?;
-    let sustained = best(&flash_steps).is_some();
-    let sale = best(&flash_steps).or(flash_steps.first());
-    if let Some(s) = sale {
-        let o = &s.outcome;
-        let d = sale_details
-            .lock()
-            .ok()
-            .and_then(|d| d.iter().find(|d| d.0 == s.rate).copied())
-            .unwrap_or_default();
-        write_samples(&out.join("flash-sale-samples.csv"), o)?;
-        let which = if sustained {
-            "highest sustained rate"
-        } else {
-            "no step sustained; lowest step"
+/// One benchmark run: the stack it measures, and what it has found so far.
+struct Run {
+    stack: Stack,
+    out: std::path::PathBuf,
+    edge: SocketAddr,
+    core: SocketAddr,
+    /// Makes this run's voucher codes its own.
+    run_id: String,
+    /// Every 201 of every step, for the invariant check at the end.
+    accepted: std::sync::Mutex<Vec<Accepted>>,
+    /// Rows of the summary table.
+    table: Vec<String>,
+    /// The ladders, below the table.
+    report: String,
+}
+
+impl Run {
+    /// The stack of `loadtest/bench.sh`, as the environment names it.
+    async fn connect(out: std::path::PathBuf) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(&out)?;
+        let stack = Stack {
+            http: reqwest::Client::new(),
+            edge: env_or("EDGE", "127.0.0.1:8080"),
+            core: env_or("CORE", "127.0.0.1:8081"),
+            core_metrics: env_or("CORE_METRICS", "127.0.0.1:9181,127.0.0.1:9182")
+                .split(',')
+                .map(str::to_owned)
+                .collect(),
+            token: env_or("ADMIN_TOKEN", "dev-admin-token"),
+            db: sqlx::PgPool::connect(&env_or(
+                "DATABASE_URL",
+                "postgres://postgres@127.0.0.1:5432/vouchers",
+            ))
+            .await?,
         };
-        table.push(format!(
-            "| Flash sale, 1,000 uses, through the edge (ours) | {which} {:.0}/s (offered {}/s, {} late starts, generator {:.2} cores) | target 50,000/s | {:.2} of target | issued {} (must be 1,000), rows {}; rows below are this step |",
-            o.achieved_rate(), s.rate, o.late, o.generator_cpu, o.achieved_rate() / 50_000.0, d.1, d.2
-        ));
-        table.push(format!(
-            "| Flash sale latency, accepted (201) | p50 {} / p99 {} / max {} | p99 < 100 ms | {} | |",
-            fmt_ms(o.percentile(50.0, |x| x.status == 201)),
-            fmt_ms(o.percentile(99.0, |x| x.status == 201)),
-            fmt_ms(o.percentile(100.0, |x| x.status == 201)),
-            ratio_to_limit(o.percentile(99.0, |x| x.status == 201))
-        ));
-        table.push(format!(
-            "| Flash sale latency, rejected (409) | p50 {} / p99 {} / max {} | p99 < 100 ms | {} | {} answered by the edge of {} |",
-            fmt_ms(o.percentile(50.0, |x| x.status == 409)),
-            fmt_ms(o.percentile(99.0, |x| x.status == 409)),
-            fmt_ms(o.percentile(100.0, |x| x.status == 409)),
-            ratio_to_limit(o.percentile(99.0, |x| x.status == 409)),
-            o.count(|x| x.by_edge),
-            o.count(|x| x.status == 409)
-        ));
-        table.push(format!(
-            "| Requests that reached a core after the sell-out | {:.0} | {} requests sent | {:.4} of requests | flags last 2 s; each renewal forwards until the order list is in |",
-            d.4, o.offered, d.4 / o.offered as f64
-        ));
-        table.push(format!(
-            "| PostgreSQL transactions for the sale | {} commits in the database ({:.0} by the consumer) | 1,000 uses | {:.3} transactions per use | |",
-            d.5, d.6, d.5 as f64 / 1000.0
-        ));
+        Ok(Self {
+            edge: stack.edge.parse()?,
+            core: stack.core.parse()?,
+            stack,
+            out,
+            run_id: chrono::Utc::now().format("%H%M%S").to_string(),
+            accepted: std::sync::Mutex::new(Vec::new()),
+            table: Vec::new(),
+            report: String::new(),
+        })
     }
-    write_steps(
-        &mut report,
-        "Flash sale ladder (1,000-use flash voucher per step, through the edge; ours)",
-        &flash_steps,
-    );
 
-    // 2. The edge's reject path against a bare server answering the same 409.
-    eprintln!("edge reject path vs bare 409 server");
-    let code = format!("X{run_id}");
-    stack.create_voucher(&code, 1, "flash").await?;
-    stack.flag_sold_out(&code).await?;
-    let reject_rates = ladder("REJECT_RATES", "10000,20000,30000,40000,50000,60000");
-    let edge_steps = climb(&reject_rates, |rate| {
-        let code = code.clone();
-        async move {
-            let outcome = load::run(reserve_plan(edge, rate, &code, "x", FAST_CONNECTIONS)).await?;
-            let note = format!("{} answered by the edge", outcome.count(|s| s.by_edge));
-            Ok(Step {
-                rate,
-                outcome,
-                note,
-            })
+    /// 1. The flash sale through the edge: 1,000 uses, climbing to the highest rate sustained.
+    async fn flash_sale(&mut self) -> anyhow::Result<()> {
+        let (stack, run_id, accepted, edge) =
+            (&self.stack, &self.run_id, &self.accepted, self.edge);
+        eprintln!("flash sale through the edge");
+        let sale_details = std::sync::Mutex::new(Vec::new());
+        let flash_steps = climb(
+            &ladder(
+                "SALE_RATES",
+                "1000,2000,3000,5000,10000,20000,30000,40000,50000",
+            ),
+            |rate| {
+                let (stack, run_id, sale_details, accepted) =
+                    (&stack, &run_id, &sale_details, &accepted);
+                async move {
+                    let code = format!("S{run_id}R{rate}");
+                    stack.create_voucher(&code, 1000, "flash").await?;
+                    let before = stack.sale_counters().await?;
+                    let outcome =
+                        load::run(reserve_plan(edge, rate, &code, "s", SALE_CONNECTIONS)).await?;
+                    remember_accepted(accepted, &code, "s", &outcome);
+                    let issued = outcome.count(|s| s.status == 201);
+                    let (rows, used) = stack.wait_recorded(&code, issued as i64).await?;
+                    let after = stack.sale_counters().await?;
+                    let (oos0, tx0, ctx0) = before;
+                    let (oos1, tx1, ctx1) = after;
+                    let note = format!("issued {issued}, rows {rows}, used_count {used}");
+                    if let Ok(mut d) = sale_details.lock() {
+                        d.push((
+                            rate,
+                            issued,
+                            rows,
+                            used,
+                            oos1 - oos0,
+                            tx1 - tx0,
+                            ctx1 - ctx0,
+                        ));
+                    }
+                    Ok(Step {
+                        rate,
+                        outcome,
+                        note,
+                    })
+                }
+            },
+        )
+        .await?;
+        let sustained = best(&flash_steps).is_some();
+        let sale = best(&flash_steps).or(flash_steps.first());
+        if let Some(s) = sale {
+            let o = &s.outcome;
+            let d = sale_details
+                .lock()
+                .ok()
+                .and_then(|d| d.iter().find(|d| d.0 == s.rate).copied())
+                .unwrap_or_default();
+            write_samples(&self.out.join("flash-sale-samples.csv"), o)?;
+            let which = if sustained {
+                "highest sustained rate"
+            } else {
+                "no step sustained; lowest step"
+            };
+            self.table.push(format!(
+                "| Flash sale, 1,000 uses, through the edge (ours) | {which} {:.0}/s (offered {}/s, {} late starts, generator {:.2} cores) | target 50,000/s | {:.2} of target | issued {} (must be 1,000), rows {}; rows below are this step |",
+                o.achieved_rate(), s.rate, o.late, o.generator_cpu, o.achieved_rate() / 50_000.0, d.1, d.2
+            ));
+            self.table.push(format!(
+                "| Flash sale latency, accepted (201) | p50 {} / p99 {} / max {} | p99 < 100 ms | {} | |",
+                fmt_ms(o.percentile(50.0, |x| x.status == 201)),
+                fmt_ms(o.percentile(99.0, |x| x.status == 201)),
+                fmt_ms(o.percentile(100.0, |x| x.status == 201)),
+                ratio_to_limit(o.percentile(99.0, |x| x.status == 201))
+            ));
+            self.table.push(format!(
+                "| Flash sale latency, rejected (409) | p50 {} / p99 {} / max {} | p99 < 100 ms | {} | {} answered by the edge of {} |",
+                fmt_ms(o.percentile(50.0, |x| x.status == 409)),
+                fmt_ms(o.percentile(99.0, |x| x.status == 409)),
+                fmt_ms(o.percentile(100.0, |x| x.status == 409)),
+                ratio_to_limit(o.percentile(99.0, |x| x.status == 409)),
+                o.count(|x| x.by_edge),
+                o.count(|x| x.status == 409)
+            ));
+            self.table.push(format!(
+                "| Requests that reached a core after the sell-out | {:.0} | {} requests sent | {:.4} of requests | flags last 2 s; each renewal forwards until the order list is in |",
+                d.4, o.offered, d.4 / o.offered as f64
+            ));
+            self.table.push(format!(
+                "| PostgreSQL transactions for the sale | {} commits in the database ({:.0} by the consumer) | 1,000 uses | {:.3} transactions per use | |",
+                d.5, d.6, d.5 as f64 / 1000.0
+            ));
         }
-    })
-    .await?;
-    let bare_addr: SocketAddr = "127.0.0.1:18409".parse()?;
-    let mut bare = Command::new(std::env::current_exe()?)
-        .args(["bare-409", &bare_addr.to_string()])
-        .stdout(Stdio::null())
-        .spawn()?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let bare_steps = climb(&reject_rates, |rate| {
-        let code = code.clone();
-        async move {
-            let outcome =
-                load::run(reserve_plan(bare_addr, rate, &code, "b", FAST_CONNECTIONS)).await?;
-            Ok(Step {
-                rate,
-                outcome,
-                note: String::new(),
-            })
-        }
-    })
-    .await;
-    // The same comparison with wrk (a C generator, closed loop), which offers more load on
-    // two shared cores than an open-model generator can.
-    let wrk_edge = wrk_rate(edge, &code).await;
-    let wrk_bare = wrk_rate(bare_addr, &code).await;
-    let _ = bare.kill();
-    let _ = bare.wait();
-    let bare_steps = bare_steps?;
-    if let (Some(e), Some(b)) = (wrk_edge, wrk_bare) {
-        table.push(format!(
-            "| Edge reject path vs bare 409 server, closed loop, 64 connections (wrk) | {e:.0}/s | {b:.0}/s | {:.2} | wrk -t1 -c64 -d5s; every answer a 409 |",
-            e / b.max(1.0)
-        ));
+        write_steps(
+            &mut self.report,
+            "Flash sale ladder (1,000-use flash voucher per step, through the edge; ours)",
+            &flash_steps,
+        );
+        Ok(())
     }
-    table.push(format!(
-        "| Edge reject path (sold-out flag) vs bare HTTP server answering the same 409 (ours, both) | {:.0}/s | {:.0}/s | {:.2} | the limit for the edge on this box |",
-        best_rate(&edge_steps), best_rate(&bare_steps), best_rate(&edge_steps) / best_rate(&bare_steps).max(1.0)
-    ));
-    write_steps(&mut report, "Edge reject path ladder (ours)", &edge_steps);
-    write_steps(&mut report, "Bare 409 server ladder (ours)", &bare_steps);
 
-    // 3. Accepting reservations on one hot voucher, straight to a core: flash vs standard.
-    eprintln!("flash gate path vs standard PostgreSQL path, accepting, on one hot voucher");
-    let accept_rates = ladder("ACCEPT_RATES", "250,500,1000,1500,2000,3000,4000");
-    let mut hot = Vec::new();
-    for mode in ["standard", "flash"] {
-        let code = format!("H{}{run_id}", &mode[..1]);
-        stack.create_voucher(&code, 10_000_000, mode).await?;
-        let steps = climb(&accept_rates, |rate| {
-            let (code, accepted) = (code.clone(), &accepted);
+    /// 2. The edge's reject path against a bare server answering the same 409.
+    async fn reject_path(&mut self) -> anyhow::Result<()> {
+        let (stack, run_id, edge) = (&self.stack, &self.run_id, self.edge);
+        eprintln!("edge reject path vs bare 409 server");
+        let code = format!("X{run_id}");
+        stack.create_voucher(&code, 1, "flash").await?;
+        stack.flag_sold_out(&code).await?;
+        let reject_rates = ladder("REJECT_RATES", "10000,20000,30000,40000,50000,60000");
+        let edge_steps = climb(&reject_rates, |rate| {
+            let code = code.clone();
             async move {
-                let tag = if rate % 2 == 0 { "a" } else { "b" };
                 let outcome =
-                    load::run(reserve_plan(core, rate, &code, tag, SALE_CONNECTIONS)).await?;
-                remember_accepted(accepted, &code, tag, &outcome);
-                let note = format!("{} accepted", outcome.count(|s| s.status == 201));
+                    load::run(reserve_plan(edge, rate, &code, "x", FAST_CONNECTIONS)).await?;
+                let note = format!("{} answered by the edge", outcome.count(|s| s.by_edge));
                 Ok(Step {
                     rate,
                     outcome,
@@ -346,63 +324,157 @@ async fn main() -> anyhow::Result<()> {
             }
         })
         .await?;
-        hot.push((mode, steps));
-    }
-    let (std_best, flash_best) = (best_rate(&hot[0].1), best_rate(&hot[1].1));
-    table.push(format!(
-        "| Accepting on one hot voucher, at a core: flash gate path vs standard PostgreSQL path (ours) | {flash_best:.0}/s | {std_best:.0}/s | {:.2} | flash = Redis script + Kafka acks=all per use |",
-        flash_best / std_best.max(1.0)
-    ));
-    for (mode, steps) in &hot {
+        let bare_addr: SocketAddr = "127.0.0.1:18409".parse()?;
+        let mut bare = Command::new(std::env::current_exe()?)
+            .args(["bare-409", &bare_addr.to_string()])
+            .stdout(Stdio::null())
+            .spawn()?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let bare_steps = climb(&reject_rates, |rate| {
+            let code = code.clone();
+            async move {
+                let outcome =
+                    load::run(reserve_plan(bare_addr, rate, &code, "b", FAST_CONNECTIONS)).await?;
+                Ok(Step {
+                    rate,
+                    outcome,
+                    note: String::new(),
+                })
+            }
+        })
+        .await;
+        // The same comparison with wrk (a C generator, closed loop), which offers more load on
+        // two shared cores than an open-model generator can.
+        let wrk_edge = wrk_rate(edge, &code).await;
+        let wrk_bare = wrk_rate(bare_addr, &code).await;
+        let _ = bare.kill();
+        let _ = bare.wait();
+        let bare_steps = bare_steps?;
+        if let (Some(e), Some(b)) = (wrk_edge, wrk_bare) {
+            self.table.push(format!(
+                "| Edge reject path vs bare 409 server, closed loop, 64 connections (wrk) | {e:.0}/s | {b:.0}/s | {:.2} | wrk -t1 -c64 -d5s; every answer a 409 |",
+                e / b.max(1.0)
+            ));
+        }
+        self.table.push(format!(
+            "| Edge reject path (sold-out flag) vs bare HTTP server answering the same 409 (ours, both) | {:.0}/s | {:.0}/s | {:.2} | the limit for the edge on this box |",
+            best_rate(&edge_steps), best_rate(&bare_steps), best_rate(&edge_steps) / best_rate(&bare_steps).max(1.0)
+        ));
         write_steps(
-            &mut report,
-            &format!("Hot voucher, {mode} mode, accepting, at a core (ours)"),
-            steps,
+            &mut self.report,
+            "Edge reject path ladder (ours)",
+            &edge_steps,
         );
+        write_steps(
+            &mut self.report,
+            "Bare 409 server ladder (ours)",
+            &bare_steps,
+        );
+        Ok(())
     }
 
-    // 4. The gate against redis-benchmark running the same script.
-    eprintln!("gate vs redis-benchmark");
-    let gate_rows = gate_vs_redis_benchmark(&run_id).await?;
-    table.extend(gate_rows);
-
-    // 5. Peak memory.
-    let (edge_rss, core_rss) = (peak_rss_mib("run/edge.pid"), peak_rss_mib("run/core.pid"));
-    table.push(format!(
-        "| Peak RSS (VmHWM) after all runs | edge {} MiB, core {} MiB | | | |",
-        edge_rss.map_or("?".into(), |v| format!("{v:.1}")),
-        core_rss.map_or("?".into(), |v| format!("{v:.1}"))
-    ));
-
-    // DESIGN.md's invariants over every voucher of this run, once the consumer caught up.
-    let accepted = accepted.into_inner().unwrap_or_default();
-    let verdict = check_invariants(&stack, &accepted).await?;
-    table.push(format!(
-        "| Invariants 1-5 after all runs | {verdict} | | | {} accepted reservations checked |",
-        accepted.len()
-    ));
-
-    let mut md = String::new();
-    writeln!(md, "# Benchmark report\n")?;
-    writeln!(md, "- when: {}", chrono::Utc::now().to_rfc3339())?;
-    writeln!(md, "- machine: {}", probe::machine())?;
-    writeln!(md, "- command: `./loadtest/bench.sh` (steps of {} s; ladders in the environment: SALE_RATES, REJECT_RATES, ACCEPT_RATES)", step().as_secs())?;
-    writeln!(md, "- generator: `voucher-bench` (open model: constant arrival rate, latency from the scheduled time; \"late starts\" count requests the generator itself sent > 10 ms late) unless a row says redis-benchmark")?;
-    writeln!(md, "- a step is *sustained* when achieved >= 97% of offered, late starts <= 1%, no errors and p99 < 100 ms")?;
-    writeln!(md, "- connections: {SALE_CONNECTIONS} for sales and accepting runs, {FAST_CONNECTIONS} for the reject-path comparison")?;
-    writeln!(md, "- these machines have 2 shared, noisy cores: compare ratios and counts, not absolute rates, across runs\n")?;
-    writeln!(
-        md,
-        "| measure | ours | baseline / limit | ratio | notes |\n|---|---|---|---|---|"
-    )?;
-    for row in &table {
-        writeln!(md, "{row}")?;
+    /// 3. Accepting reservations on one hot voucher, straight to a core: flash vs standard.
+    async fn hot_voucher(&mut self) -> anyhow::Result<()> {
+        let (stack, run_id, accepted, core) =
+            (&self.stack, &self.run_id, &self.accepted, self.core);
+        eprintln!("flash gate path vs standard PostgreSQL path, accepting, on one hot voucher");
+        let accept_rates = ladder("ACCEPT_RATES", "250,500,1000,1500,2000,3000,4000");
+        let mut hot = Vec::new();
+        for mode in ["standard", "flash"] {
+            let code = format!("H{}{run_id}", &mode[..1]);
+            stack.create_voucher(&code, 10_000_000, mode).await?;
+            let steps = climb(&accept_rates, |rate| {
+                let (code, accepted) = (code.clone(), &accepted);
+                async move {
+                    let tag = if rate % 2 == 0 { "a" } else { "b" };
+                    let outcome =
+                        load::run(reserve_plan(core, rate, &code, tag, SALE_CONNECTIONS)).await?;
+                    remember_accepted(accepted, &code, tag, &outcome);
+                    let note = format!("{} accepted", outcome.count(|s| s.status == 201));
+                    Ok(Step {
+                        rate,
+                        outcome,
+                        note,
+                    })
+                }
+            })
+            .await?;
+            hot.push((mode, steps));
+        }
+        let (std_best, flash_best) = (best_rate(&hot[0].1), best_rate(&hot[1].1));
+        self.table.push(format!(
+            "| Accepting on one hot voucher, at a core: flash gate path vs standard PostgreSQL path (ours) | {flash_best:.0}/s | {std_best:.0}/s | {:.2} | flash = Redis script + Kafka acks=all per use |",
+            flash_best / std_best.max(1.0)
+        ));
+        for (mode, steps) in &hot {
+            write_steps(
+                &mut self.report,
+                &format!("Hot voucher, {mode} mode, accepting, at a core (ours)"),
+                steps,
+            );
+        }
+        Ok(())
     }
-    writeln!(md, "\n![latency over time](flash-sale-latency.png)\n\n![issued uses over time](flash-sale-issued.png)\n")?;
-    md.push_str(&report);
-    std::fs::write(out.join("REPORT.md"), &md)?;
-    println!("{md}");
-    Ok(())
+
+    /// 4. The gate against redis-benchmark running the same script.
+    async fn gate_vs_redis_benchmark(&mut self) -> anyhow::Result<()> {
+        eprintln!("gate vs redis-benchmark");
+        let rows = gate_vs_redis_benchmark(&self.run_id).await?;
+        self.table.extend(rows);
+        Ok(())
+    }
+
+    /// 5. Peak memory of the edge and the core after all runs.
+    async fn peak_memory(&mut self) -> anyhow::Result<()> {
+        let (edge_rss, core_rss) = (peak_rss_mib("run/edge.pid"), peak_rss_mib("run/core.pid"));
+        self.table.push(format!(
+            "| Peak RSS (VmHWM) after all runs | edge {} MiB, core {} MiB | | | |",
+            edge_rss.map_or("?".into(), |v| format!("{v:.1}")),
+            core_rss.map_or("?".into(), |v| format!("{v:.1}"))
+        ));
+        Ok(())
+    }
+
+    /// 6. The invariants over every voucher of this run, once the consumer caught up.
+    async fn invariants(&mut self) -> anyhow::Result<()> {
+        let accepted = self
+            .accepted
+            .lock()
+            .map(|mut a| std::mem::take(&mut *a))
+            .unwrap_or_default();
+        let verdict = check_invariants(&self.stack, &accepted).await?;
+        self.table.push(format!(
+            "| Invariants 1-5 after all runs | {verdict} | | | {} accepted reservations checked |",
+            accepted.len()
+        ));
+        Ok(())
+    }
+
+    /// REPORT.md: how it was measured, the summary table, then every ladder.
+    fn write_report(&self) -> anyhow::Result<()> {
+        let (table, report, out) = (&self.table, &self.report, &self.out);
+        let mut md = String::new();
+        writeln!(md, "# Benchmark report\n")?;
+        writeln!(md, "- when: {}", chrono::Utc::now().to_rfc3339())?;
+        writeln!(md, "- machine: {}", probe::machine())?;
+        writeln!(md, "- command: `./loadtest/bench.sh` (steps of {} s; ladders in the environment: SALE_RATES, REJECT_RATES, ACCEPT_RATES)", step().as_secs())?;
+        writeln!(md, "- generator: `voucher-bench` (open model: constant arrival rate, latency from the scheduled time; \"late starts\" count requests the generator itself sent > 10 ms late) unless a row says redis-benchmark")?;
+        writeln!(md, "- a step is *sustained* when achieved >= 97% of offered, late starts <= 1%, no errors and p99 < 100 ms")?;
+        writeln!(md, "- connections: {SALE_CONNECTIONS} for sales and accepting runs, {FAST_CONNECTIONS} for the reject-path comparison")?;
+        writeln!(md, "- these machines have 2 shared, noisy cores: compare ratios and counts, not absolute rates, across runs\n")?;
+        writeln!(
+            md,
+            "| measure | ours | baseline / limit | ratio | notes |\n|---|---|---|---|---|"
+        )?;
+        for row in table {
+            writeln!(md, "{row}")?;
+        }
+        writeln!(md, "\n![latency over time](flash-sale-latency.png)\n\n![issued uses over time](flash-sale-issued.png)\n")?;
+        md.push_str(report);
+        std::fs::write(out.join("REPORT.md"), &md)?;
+        println!("{md}");
+        Ok(())
+    }
 }
 
 /// Requests per second wrk reaches against `target` with reservations for `code`
