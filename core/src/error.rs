@@ -256,3 +256,50 @@ fn constraint_error(name: &str) -> Option<Error> {
         _ => return None,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unavailable_dependency_keeps_its_cause_for_the_log_only() {
+        let cause = std::io::Error::new(std::io::ErrorKind::TimedOut, "redis timed out");
+        let error = Error::unavailable_because("redis", cause);
+        assert_eq!(error.chain(), "redis is unavailable: redis timed out");
+        assert_eq!(error.body()["message"], "redis is unavailable");
+        let response = error.into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[headers::RETRY_AFTER], "1");
+        assert_eq!(
+            response.headers()[headers::ERROR_CODE],
+            "SERVICE_UNAVAILABLE"
+        );
+        assert!(
+            response.extensions().get::<Arc<Error>>().is_some(),
+            "for the log layer"
+        );
+    }
+
+    #[test]
+    fn an_internal_error_says_nothing_of_its_cause_to_the_client() {
+        let error = Error::corrupt("gate record \"X|...\"");
+        assert!(error.chain().contains("gate record"));
+        assert_eq!(
+            error.body(),
+            json!({"error": "INTERNAL", "message": "internal error"})
+        );
+    }
+
+    #[test]
+    fn every_code_is_one_of_the_contract() {
+        let errors = [
+            Error::OutOfStock,
+            Error::ModeUnavailable("flash"),
+            Error::unavailable("voucher gate"),
+            Error::internal(anyhow::anyhow!("x")),
+        ];
+        for e in errors {
+            assert!(ErrorCode::ALL.contains(&e.error_code()), "{}", e.code());
+        }
+    }
+}

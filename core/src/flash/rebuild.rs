@@ -119,3 +119,59 @@ impl FlashPath {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use chrono::{TimeZone, Utc};
+
+    use super::*;
+    use crate::domain::{CustomerId, Money, OrderId, VoucherCode, VoucherMode};
+
+    fn row(order: &str, customer: &str, status: ReservationStatus) -> Reservation {
+        let at = Utc
+            .timestamp_millis_opt(1_795_982_069_000)
+            .single()
+            .expect("time");
+        Reservation {
+            order_id: OrderId::parse(order).expect("order"),
+            voucher_code: VoucherCode::parse("V1").expect("code"),
+            customer_id: CustomerId::parse(customer).expect("customer"),
+            order_amount: Money::from_db(250_000),
+            discount_amount: Money::from_db(100_000),
+            status,
+            reserved_at: at,
+            expires_at: at + chrono::Duration::minutes(15),
+        }
+    }
+
+    #[test]
+    fn a_gate_rebuilt_from_rows_counts_only_held_uses() {
+        let now = Utc::now();
+        let voucher = Voucher {
+            code: VoucherCode::parse("V1").expect("code"),
+            discount_amount: Money::from_db(100_000),
+            min_order_amount: Money::from_db(0),
+            total_limit: 10,
+            per_user_limit: 2,
+            starts_at: now,
+            ends_at: now + chrono::Duration::hours(1),
+            mode: VoucherMode::Flash,
+            created_at: now,
+        };
+        let rows = [
+            row("o1", "alice", ReservationStatus::Reserved),
+            row("o2", "alice", ReservationStatus::Confirmed),
+            row("o3", "bob", ReservationStatus::Released),
+        ];
+        let load = GateLoad::from_rows(&voucher, &rows);
+        assert_eq!(load.remaining, 8, "a released row holds no use");
+        assert_eq!(load.users, vec![("alice".to_owned(), 2)]);
+        assert_eq!(
+            load.orders.len(),
+            3,
+            "every order keeps its record for retries"
+        );
+        let released = load.orders.iter().find(|(o, _)| o == "o3").expect("o3");
+        assert!(!released.1.state.holds());
+    }
+}

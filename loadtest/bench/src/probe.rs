@@ -44,8 +44,8 @@ impl Stack {
         Ok(())
     }
 
-    /// Sum of a counter over the cores, for the samples whose line contains every `needle`.
-    pub async fn core_counter(&self, name: &str, needles: &[&str]) -> anyhow::Result<f64> {
+    /// Sum of a counter over the cores, for the samples carrying every label of `labels`.
+    pub async fn core_counter(&self, name: &str, labels: &[(&str, &str)]) -> anyhow::Result<f64> {
         let mut total = 0.0;
         for m in &self.core_metrics {
             let text = self
@@ -55,11 +55,7 @@ impl Stack {
                 .await?
                 .text()
                 .await?;
-            total += text
-                .lines()
-                .filter(|l| l.starts_with(name) && needles.iter().all(|n| l.contains(n)))
-                .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
-                .sum::<f64>();
+            total += voucher_testkit::metrics::Metrics::parse(&text).sum(name, labels);
         }
         Ok(total)
     }
@@ -68,8 +64,14 @@ impl Stack {
     /// cores (requests that got past the edge), database commits, consumer transactions.
     pub async fn sale_counters(&self) -> anyhow::Result<(f64, i64, f64)> {
         Ok((
-            self.core_counter("http_requests_total", &["OUT_OF_STOCK", "/reservations\""])
-                .await?,
+            self.core_counter(
+                "http_requests_total",
+                &[
+                    ("code", "OUT_OF_STOCK"),
+                    ("route", "/vouchers/{code}/reservations"),
+                ],
+            )
+            .await?,
             self.xact_commit().await?,
             self.core_counter("voucher_consumer_transactions_total", &[])
                 .await?,
