@@ -13,7 +13,7 @@ command -v wrk >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq
 command -v redis-benchmark >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq redis-tools >/dev/null; }
 cargo build --release -p voucher-bench
 mkdir -p "$OUT"
-DATABASE_URL="$VOUCHER__DATABASE__URL" ./target/release/voucher-bench "$OUT"
+DATABASE_URL="$VOUCHER__DATABASE__URL" "$TARGET_DIR"/release/voucher-bench "$OUT"
 
 log "plots"
 python3 -c 'import matplotlib' 2>/dev/null || pip install -q matplotlib

@@ -5,6 +5,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RUN_DIR="$ROOT/run"          # pid files and logs of what the scripts start (git-ignored)
+TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"   # where cargo puts the binaries
 mkdir -p "$RUN_DIR"
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
@@ -139,13 +140,13 @@ start_stack() {
   cargo build --release -p voucher-core -p voucher-edge
 
   log "starting two cores on :8081 and :8082 (metrics :9181, :9182)"
-  start_bg core env VOUCHER_CONFIG=config/core.toml ./target/release/voucher-core
+  start_bg core env VOUCHER_CONFIG=config/core.toml "$TARGET_DIR"/release/voucher-core
   wait_for_port 127.0.0.1 8081 60
   start_bg core2 env VOUCHER_CONFIG=config/core.toml VOUCHER__HTTP__LISTEN=127.0.0.1:8082 \
-    VOUCHER__HTTP__METRICS_LISTEN=127.0.0.1:9182 ./target/release/voucher-core
+    VOUCHER__HTTP__METRICS_LISTEN=127.0.0.1:9182 "$TARGET_DIR"/release/voucher-core
   wait_for_port 127.0.0.1 8082 60
   log "starting the edge on :8080 (metrics :9180)"
-  start_bg edge env EDGE_CONFIG=config/edge.yaml ./target/release/voucher-edge
+  start_bg edge env EDGE_CONFIG=config/edge.yaml "$TARGET_DIR"/release/voucher-edge
   wait_for_port 127.0.0.1 8080 30
   sleep 1  # first health check of the cores
 }
