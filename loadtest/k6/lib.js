@@ -6,6 +6,8 @@
 //   ADMIN_TOKEN  bearer token of admin calls                     default dev-admin-token
 //   CODE         use this existing voucher instead of creating one
 //   P99_MS       latency threshold (default 100; CI's smoke on debug builds raises it)
+//   MAX_DROPPED_SHARE  share of planned requests k6 itself may fail to start (default 0.01;
+//                CI's smoke, sharing two cores with other tests, raises it)
 import http from 'k6/http';
 import { Counter, Rate, Trend } from 'k6/metrics';
 
@@ -126,6 +128,15 @@ export function summary(data) {
 
 export const summaryTrendStats = ['med', 'p(95)', 'p(99)', 'max'];
 
+/** Seconds in a k6 duration such as `30s`, `2m` or `1m30s`. */
+function seconds(duration) {
+  let total = 0;
+  for (const [, n, unit] of duration.matchAll(/(\d+(?:\.\d+)?)(ms|s|m|h)/g)) {
+    total += Number(n) * { ms: 0.001, s: 1, m: 60, h: 3600 }[unit];
+  }
+  return total || 10;
+}
+
 /** The latency threshold (p99, ms): 100 by default, P99_MS to change it. */
 export const P99_MS = Number(__ENV.P99_MS || 100);
 
@@ -135,6 +146,9 @@ export const P99_MS = Number(__ENV.P99_MS || 100);
  */
 export function saleOptions(defaultRate, defaultVus, defaultMaxVus) {
   const rate = Number(__ENV.RATE || defaultRate);
+  const duration = __ENV.DURATION || '10s';
+  const planned = rate * seconds(duration);
+  const maxDropped = Math.max(1, Math.floor(planned * Number(__ENV.MAX_DROPPED_SHARE || 0.01)));
   return {
     summaryTrendStats,
     scenarios: {
@@ -142,7 +156,7 @@ export function saleOptions(defaultRate, defaultVus, defaultMaxVus) {
         executor: 'constant-arrival-rate',
         rate,
         timeUnit: '1s',
-        duration: __ENV.DURATION || '10s',
+        duration,
         preAllocatedVUs: Number(__ENV.VUS || defaultVus),
         maxVUs: Number(__ENV.MAX_VUS || defaultMaxVus),
       },
@@ -151,7 +165,9 @@ export function saleOptions(defaultRate, defaultVus, defaultMaxVus) {
       voucher_unexpected: ['rate<0.001'],
       voucher_rejected_duration: [`p(99)<${P99_MS}`],
       voucher_accepted_duration: [`p(99)<${P99_MS}`],
-      dropped_iterations: [`count<${Math.max(1, Math.floor(rate * 0.01))}`],
+      // Iterations k6 could not start in time: a generator short of VUs or CPU, not an
+      // answer of the system; bounded so that a run that offered far less load fails.
+      dropped_iterations: [`count<${maxDropped}`],
     },
   };
 }

@@ -165,8 +165,12 @@ async fn every_dashboard_panel_returns_series_after_a_short_k6_sale() {
         .env("CODE", "DASH")
         .env("RATE", "200")
         .env("DURATION", "5s")
-        .env("VUS", "50")
+        .env("VUS", "200")
+        .env("MAX_VUS", "400")
         .env("P99_MS", "3000")
+        // k6 shares two cores with the other tests: it may start a few iterations late.
+        // Correctness is asserted below (the stock sells out exactly), not k6's own pace.
+        .env("MAX_DROPPED_SHARE", "0.2")
         .output()
         .expect("k6 must be installed (scripts/test.sh installs it)");
     let report = String::from_utf8_lossy(&k6.stdout);
