@@ -182,6 +182,17 @@ pub struct KafkaSettings {
     /// How long the consumer waits to fill a batch once it has one event.
     #[serde(with = "humantime_serde")]
     pub batch_wait: Duration,
+    /// How often a core's standby writer tries to take a partition nobody writes: the bound
+    /// on how long a dead core's partitions wait.
+    #[serde(with = "humantime_serde")]
+    pub takeover_interval: Duration,
+    /// A writer's database session ends after this long without a statement, releasing its
+    /// partitions: a stalled (not dead) core cannot hold them longer.
+    #[serde(with = "humantime_serde")]
+    pub owner_timeout: Duration,
+    /// How often every core compares the topic with what is written (lag metrics, readiness).
+    #[serde(with = "humantime_serde")]
+    pub monitor_interval: Duration,
 }
 
 impl Default for KafkaSettings {
@@ -196,6 +207,9 @@ impl Default for KafkaSettings {
             consume: true,
             batch_max: 500,
             batch_wait: Duration::from_millis(20),
+            takeover_interval: Duration::from_secs(1),
+            owner_timeout: Duration::from_secs(10),
+            monitor_interval: Duration::from_secs(1),
         }
     }
 }

@@ -10,7 +10,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
@@ -42,8 +42,13 @@ pub struct Metrics {
     pub consumer_events: IntCounterVec,
     /// PostgreSQL transactions the consumer spent.
     pub consumer_transactions: IntCounter,
-    /// Events published but not yet committed by the writers' group (sampled by reconciliation).
-    pub consumer_lag: IntGauge,
+    /// Events published but not yet written, per partition (the consumer monitor's loop).
+    pub consumer_lag: IntGaugeVec,
+    /// Seconds the oldest unwritten event of a partition has waited, to within the monitor's
+    /// interval; 0 when the partition is written up to date.
+    pub consumer_unwritten_age: GaugeVec,
+    /// 1 for each partition this instance writes now.
+    pub partitions_owned: IntGaugeVec,
     /// Uses Redis holds minus uses PostgreSQL holds, per flash voucher, once the consumer caught up.
     pub gate_drift: IntGaugeVec,
     /// Uses left at the gate, per flash voucher (sampled by reconciliation).
@@ -132,12 +137,27 @@ impl Metrics {
                     "PostgreSQL transactions spent by the consumer",
                 ),
             ),
-            consumer_lag: register(
+            consumer_lag: gauge_vec(
                 &r,
-                IntGauge::new(
-                    "voucher_consumer_lag_messages",
-                    "Events published but not yet committed by the writers' group",
+                "voucher_consumer_lag_messages",
+                "Events published but not yet written to PostgreSQL, per partition",
+                &["partition"],
+            ),
+            consumer_unwritten_age: register(
+                &r,
+                GaugeVec::new(
+                    Opts::new(
+                        "voucher_consumer_unwritten_age_seconds",
+                        "How long the oldest event not yet written has waited, per partition",
+                    ),
+                    &["partition"],
                 ),
+            ),
+            partitions_owned: gauge_vec(
+                &r,
+                "voucher_consumer_partitions_owned",
+                "Partitions of the events topic this instance writes (1 each)",
+                &["partition"],
             ),
             gate_drift: gauge_vec(
                 &r,

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Settings;
 use crate::expiry::ExpiryJob;
 use crate::flash::events::consumer::EventConsumer;
+use crate::flash::events::monitor::ConsumerMonitor;
 use crate::flash::events::topics::ensure_topics;
 use crate::flash::gate::Gate;
 use crate::flash::reconcile::Reconciler;
@@ -27,6 +28,7 @@ pub struct Application {
     metrics_router: axum::Router,
     expiry: Option<ExpiryJob>,
     consumer: Option<EventConsumer>,
+    monitor: Option<ConsumerMonitor>,
     reconciler: Option<Reconciler>,
     store: Store,
 }
@@ -39,7 +41,7 @@ impl Application {
             store.migrate().await.context("applying migrations")?;
         }
         let metrics = Arc::new(Metrics::new());
-        let (flash, consumer, reconciler) = match (&settings.redis, &settings.kafka) {
+        let (flash, consumer, monitor, reconciler) = match (&settings.redis, &settings.kafka) {
             (Some(redis), Some(kafka)) => {
                 ensure_topics(kafka)
                     .await
@@ -52,6 +54,12 @@ impl Application {
                     metrics.clone(),
                     settings.flash.clone(),
                 )?;
+                let monitor = ConsumerMonitor::new(
+                    flash.progress().clone(),
+                    metrics.clone(),
+                    flash.consumer_health().clone(),
+                    kafka.monitor_interval,
+                );
                 let consumer = if kafka.consume {
                     Some(EventConsumer::new(kafka, store.clone(), metrics.clone())?)
                 } else {
@@ -65,9 +73,9 @@ impl Application {
                     grace: settings.flash.reconcile_grace,
                     catch_up_timeout: settings.flash.catch_up_timeout,
                 });
-                (Some(flash), consumer, reconciler)
+                (Some(flash), consumer, Some(monitor), reconciler)
             }
-            _ => (None, None, None),
+            _ => (None, None, None, None),
         };
         let service = VoucherService::new(
             store.clone(),
@@ -100,6 +108,7 @@ impl Application {
             metrics_router: http::metrics_router(metrics),
             expiry,
             consumer,
+            monitor,
             reconciler,
             store,
         })
@@ -122,19 +131,25 @@ impl Application {
     }
 
     /// Serves until `shutdown` is cancelled, then lets requests in flight finish.
+    /// Serves until `shutdown` is cancelled, then lets requests in flight finish. Every
+    /// background job runs in a set owned by this future: dropping it (an aborted task in a
+    /// test, as a killed process) stops them all at once.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let background: Vec<_> = [
-            self.expiry
-                .map(|job| tokio::spawn(job.run(shutdown.child_token()))),
-            self.consumer
-                .map(|c| tokio::spawn(c.run(shutdown.child_token()))),
-            self.reconciler
-                .map(|r| tokio::spawn(r.run(shutdown.child_token()))),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        let metrics = tokio::spawn(
+        let mut background = tokio::task::JoinSet::new();
+        if let Some(job) = self.expiry {
+            background.spawn(job.run(shutdown.child_token()));
+        }
+        if let Some(consumer) = self.consumer {
+            background.spawn(consumer.run(shutdown.child_token()));
+        }
+        if let Some(monitor) = self.monitor {
+            background.spawn(monitor.run(shutdown.child_token()));
+        }
+        if let Some(reconciler) = self.reconciler {
+            background.spawn(reconciler.run(shutdown.child_token()));
+        }
+        let mut metrics = tokio::task::JoinSet::new();
+        metrics.spawn(
             axum::serve(self.metrics_listener, self.metrics_router)
                 .with_graceful_shutdown(shutdown.clone().cancelled_owned())
                 .into_future(),
@@ -144,10 +159,10 @@ impl Application {
             .with_graceful_shutdown(shutdown.clone().cancelled_owned())
             .await?;
         shutdown.cancel();
-        for task in background {
-            let _ = task.await;
+        while background.join_next().await.is_some() {}
+        if let Some(served) = metrics.join_next().await {
+            served??;
         }
-        metrics.await??;
         self.store.pool().close().await;
         Ok(())
     }

@@ -99,6 +99,10 @@ impl std::ops::Deref for TestApp {
 
 impl TestApp {
     pub async fn start(settings: &Settings) -> Self {
+        // Logs only when asked for (RUST_LOG=...), so a failing test can be read.
+        if std::env::var_os("RUST_LOG").is_some() {
+            voucher_core::telemetry::init(&settings.log);
+        }
         let app = Application::build(settings).await.expect("app builds");
         let base = format!("http://{}", app.api_addr());
         let metrics_base = format!("http://{}", app.metrics_addr());
@@ -117,8 +121,16 @@ impl TestApp {
         self.base.trim_start_matches("http://")
     }
 
+    /// Stops it gracefully, as SIGTERM does.
     pub async fn stop(self) {
         self.shutdown.cancel();
+        let _ = self.task.await;
+    }
+
+    /// Stops it at once, as `kill -9` does: nothing is finished or handed over; every
+    /// connection it held (its database sessions, and with them its partitions) is dropped.
+    pub async fn kill(self) {
+        self.task.abort();
         let _ = self.task.await;
     }
 

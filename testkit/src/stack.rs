@@ -229,8 +229,11 @@ impl FlashStackBuilder {
         };
         let pool = PgPool::connect(&db.url).await.expect("test pool");
         let gate = Gate::connect(&redis).await.expect("redis");
-        let progress = Progress::new(settings.kafka.as_ref().expect("flash settings have kafka"))
-            .expect("progress");
+        let progress = Progress::new(
+            settings.kafka.as_ref().expect("flash settings have kafka"),
+            voucher_core::store::Store::new(pool.clone()),
+        )
+        .expect("progress");
         FlashStack {
             db,
             pool,

@@ -35,6 +35,7 @@ use crate::domain::{Voucher, VoucherCode};
 use crate::metrics::Metrics;
 use crate::store::Store;
 use crate::Result;
+use events::monitor::ConsumerHealth;
 use events::progress::Progress;
 use events::publisher::Publisher;
 use gate::{Gate, GateLoad};
@@ -50,6 +51,8 @@ struct Inner {
     gate: Gate,
     publisher: Publisher,
     progress: Progress,
+    /// What the consumer monitor last saw; readiness reports it.
+    consumer_health: Arc<ConsumerHealth>,
     store: Store,
     metrics: Arc<Metrics>,
     settings: FlashSettings,
@@ -72,7 +75,8 @@ impl FlashPath {
             inner: Arc::new(Inner {
                 gate,
                 publisher: Publisher::new(kafka)?,
-                progress: Progress::new(kafka)?,
+                progress: Progress::new(kafka, store.clone())?,
+                consumer_health: Arc::default(),
                 store,
                 metrics,
                 settings,
@@ -88,6 +92,10 @@ impl FlashPath {
 
     pub fn progress(&self) -> &Progress {
         &self.inner.progress
+    }
+
+    pub fn consumer_health(&self) -> &Arc<ConsumerHealth> {
+        &self.inner.consumer_health
     }
 
     /// Loads the gate of a voucher just created: nothing can have been published for it.

@@ -67,9 +67,6 @@ impl Reconciler {
             .wait_caught_up(self.catch_up_timeout)
             .await
             .unwrap_or(false);
-        if let Ok((_, lag)) = self.flash.progress().lag_now().await {
-            self.metrics.consumer_lag.set(lag.messages);
-        }
         let mut reports = Vec::with_capacity(vouchers.len());
         for (voucher, snapshot) in vouchers.into_iter().zip(snapshots) {
             if let Some(s) = &snapshot {

@@ -4,8 +4,10 @@ use axum::extract::State;
 use axum::Json;
 use serde_json::{json, Value};
 
+use std::time::Duration;
+
 use super::{AppState, ErrorBody};
-use crate::Result;
+use crate::{Error, Result};
 
 /// The process is up and serving.
 #[utoipa::path(get, path = "/healthz", tag = "health",
@@ -14,7 +16,12 @@ pub async fn healthz() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
-/// The service can serve reservations: its database (and Redis, with flash mode) answers.
+/// How recently the consumer monitor must have read the broker for this core to be ready.
+const BROKER_READ_WITHIN: Duration = Duration::from_secs(5);
+
+/// The service can serve reservations: its database answers, and with flash mode Redis
+/// answers and the broker was read recently. With flash mode the body also says how far
+/// each partition's writing is behind (`consumer`).
 #[utoipa::path(get, path = "/readyz", tag = "health",
     responses(
         (status = 200, description = "Ready"),
@@ -22,8 +29,15 @@ pub async fn healthz() -> Json<Value> {
     ))]
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>> {
     state.service.store().ping().await?;
-    if let Some(flash) = state.service.flash() {
-        flash.gate().ping().await?;
+    let Some(flash) = state.service.flash() else {
+        return Ok(Json(json!({ "status": "ready" })));
+    };
+    flash.gate().ping().await?;
+    let health = flash.consumer_health();
+    if !health.broker_reachable(BROKER_READ_WITHIN) {
+        return Err(Error::unavailable("event broker (not read recently)"));
     }
-    Ok(Json(json!({ "status": "ready" })))
+    Ok(Json(
+        json!({ "status": "ready", "consumer": health.status() }),
+    ))
 }

@@ -5,10 +5,10 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use sqlx::{PgConnection, Postgres, Transaction};
+use sqlx::{Connection, PgConnection, Postgres, Transaction};
 
+use super::partitions::{store_offset, PartitionKey};
 use super::reservations::{take_customer_use, take_voucher_use};
-use super::Store;
 use crate::domain::Reservation;
 use crate::Result;
 
@@ -23,6 +23,15 @@ pub struct BatchResult {
     pub refused: Vec<(usize, String)>,
     /// Transactions spent, for the "far fewer transactions than uses" figure.
     pub transactions: usize,
+    /// Whether the partition's next offset was stored with the rows.
+    pub offset_stored: bool,
+}
+
+/// The offset to store with a batch's rows, for the partition it was read from.
+pub(super) struct Advance<'a> {
+    pub key: &'a PartitionKey,
+    pub next_offset: i64,
+    pub owner: &'a str,
 }
 
 /// A constraint the database named when it refused a write.
@@ -58,110 +67,124 @@ impl<'a> NewUses<'a> {
     }
 }
 
-impl Store {
-    /// Records a batch of RESERVED reservations.
-    ///
-    /// Fast path: one transaction for the whole batch. If the database refuses any of it
-    /// (a constraint: the last guard caught something the gate let through), the batch is
-    /// replayed one reservation per transaction, so that only the refused ones are set aside.
-    #[tracing::instrument(name = "db.record_reserved", skip_all, fields(events = batch.len()))]
-    pub async fn record_reserved(&self, batch: &[Reservation]) -> Result<BatchResult> {
-        match self.record_batch(batch).await {
-            Ok(result) => Ok(result),
-            Err(e) if refusal(&e).is_some() => {
-                tracing::warn!(error = %e, "batch refused; recording its reservations one by one");
-                self.record_one_by_one(batch).await
-            }
-            Err(e) => Err(e.into()),
+/// Records a batch of RESERVED reservations on `conn`.
+///
+/// Fast path: one transaction for the whole batch, with `advance` stored in it when nothing
+/// is refused. If the database refuses any of it (a constraint: the last guard caught
+/// something the gate let through), the batch is replayed one reservation per transaction,
+/// so that only the refused ones are set aside; the offset is then the caller's to store.
+#[tracing::instrument(name = "db.record_reserved", skip_all, fields(events = batch.len()))]
+pub(super) async fn record_reserved(
+    conn: &mut PgConnection,
+    batch: &[Reservation],
+    advance: Option<Advance<'_>>,
+) -> Result<BatchResult> {
+    match record_batch(conn, batch, advance).await {
+        Ok(result) => Ok(result),
+        Err(e) if refusal(&e).is_some() => {
+            tracing::warn!(error = %e, "batch refused; recording its reservations one by one");
+            record_one_by_one(conn, batch).await
         }
+        Err(e) => Err(e.into()),
     }
+}
 
-    /// The whole batch in one transaction: insert the rows, then count their uses against
-    /// the customers' and the vouchers' limits (whose CHECKs refuse an overshoot), then tell
-    /// repeats from conflicts among the rows that were not new.
-    async fn record_batch(&self, batch: &[Reservation]) -> Result<BatchResult, sqlx::Error> {
-        let mut tx = self.pool().begin().await?;
-        let inserted = insert_rows(&mut tx, batch).await?;
-        let uses = NewUses::count(&inserted);
-        add_customer_uses(&mut tx, &uses).await?;
-        add_voucher_uses(&mut tx, &uses).await?;
-        let fresh: HashSet<&str> = inserted.iter().map(|(_, _, o)| o.as_str()).collect();
-        let refused = classify_existing(&mut tx, batch, &fresh).await?;
-        tx.commit().await?;
-        Ok(BatchResult {
-            inserted: inserted.len(),
-            duplicates: batch.len() - inserted.len() - refused.len(),
-            refused,
-            transactions: 1,
-        })
-    }
+/// The whole batch in one transaction: insert the rows, then count their uses against the
+/// customers' and the vouchers' limits (whose CHECKs refuse an overshoot), then tell repeats
+/// from conflicts among the rows that were not new, then store the offset if all is well.
+async fn record_batch(
+    conn: &mut PgConnection,
+    batch: &[Reservation],
+    advance: Option<Advance<'_>>,
+) -> Result<BatchResult, sqlx::Error> {
+    let mut tx = conn.begin().await?;
+    let inserted = insert_rows(&mut tx, batch).await?;
+    let uses = NewUses::count(&inserted);
+    add_customer_uses(&mut tx, &uses).await?;
+    add_voucher_uses(&mut tx, &uses).await?;
+    let fresh: HashSet<&str> = inserted.iter().map(|(_, _, o)| o.as_str()).collect();
+    let refused = classify_existing(&mut tx, batch, &fresh).await?;
+    let offset_stored = match advance {
+        Some(a) if refused.is_empty() => {
+            store_offset(&mut tx, a.key, a.next_offset, a.owner).await?;
+            true
+        }
+        _ => false,
+    };
+    tx.commit().await?;
+    Ok(BatchResult {
+        inserted: inserted.len(),
+        duplicates: batch.len() - inserted.len() - refused.len(),
+        refused,
+        transactions: 1,
+        offset_stored,
+    })
+}
 
-    async fn record_one_by_one(&self, batch: &[Reservation]) -> Result<BatchResult> {
-        let mut result = BatchResult::default();
-        let mut duplicates = vec![];
-        for (i, reservation) in batch.iter().enumerate() {
-            result.transactions += 1;
-            match self.record_single(reservation).await? {
-                Single::Inserted => result.inserted += 1,
-                Single::Duplicate => duplicates.push(i),
-                Single::Refused(reason) => result.refused.push((i, reason)),
+async fn record_one_by_one(conn: &mut PgConnection, batch: &[Reservation]) -> Result<BatchResult> {
+    let mut result = BatchResult::default();
+    let mut duplicates = vec![];
+    for (i, reservation) in batch.iter().enumerate() {
+        result.transactions += 1;
+        match record_single(conn, reservation).await? {
+            Single::Inserted => result.inserted += 1,
+            Single::Duplicate => duplicates.push(i),
+            Single::Refused(reason) => result.refused.push((i, reason)),
+        }
+    }
+    // A "duplicate" whose stored row is another reservation's is refused.
+    let repeated: Vec<Reservation> = duplicates.iter().map(|&i| batch[i].clone()).collect();
+    let conflicts = classify_existing(conn, &repeated, &HashSet::new()).await?;
+    result.duplicates = duplicates.len() - conflicts.len();
+    result.refused.extend(
+        conflicts
+            .into_iter()
+            .map(|(k, reason)| (duplicates[k], reason)),
+    );
+    Ok(result)
+}
+
+/// One reservation in its own transaction.
+async fn record_single(conn: &mut PgConnection, r: &Reservation) -> Result<Single> {
+    let mut tx = conn.begin().await?;
+    let insert = sqlx::query(
+        "INSERT INTO redemptions (voucher_code, customer_id, order_id, order_amount,
+                                  discount_amount, reserved_at, expires_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
+         ON CONFLICT (order_id) DO NOTHING",
+    )
+    .bind(r.voucher_code.as_str())
+    .bind(r.customer_id.as_str())
+    .bind(r.order_id.as_str())
+    .bind(r.order_amount.minor_units())
+    .bind(r.discount_amount.minor_units())
+    .bind(r.reserved_at)
+    .bind(r.expires_at)
+    .execute(&mut *tx)
+    .await;
+    let inserted = match insert {
+        Ok(done) => done.rows_affected() == 1,
+        Err(err) => {
+            return match refusal(&err) {
+                Some(reason) => Ok(Single::Refused(reason)),
+                None => Err(err.into()),
             }
         }
-        // A "duplicate" whose stored row is another reservation's is refused.
-        let repeated: Vec<Reservation> = duplicates.iter().map(|&i| batch[i].clone()).collect();
-        let mut conn = self.pool().acquire().await?;
-        let conflicts = classify_existing(&mut conn, &repeated, &HashSet::new()).await?;
-        result.duplicates = duplicates.len() - conflicts.len();
-        result.refused.extend(
-            conflicts
-                .into_iter()
-                .map(|(k, reason)| (duplicates[k], reason)),
-        );
-        Ok(result)
+    };
+    if !inserted {
+        return Ok(Single::Duplicate);
     }
-
-    /// One reservation in its own transaction.
-    async fn record_single(&self, r: &Reservation) -> Result<Single> {
-        let mut tx = self.pool().begin().await?;
-        let insert = sqlx::query(
-            "INSERT INTO redemptions (voucher_code, customer_id, order_id, order_amount,
-                                      discount_amount, reserved_at, expires_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)
-             ON CONFLICT (order_id) DO NOTHING",
-        )
-        .bind(r.voucher_code.as_str())
-        .bind(r.customer_id.as_str())
-        .bind(r.order_id.as_str())
-        .bind(r.order_amount.minor_units())
-        .bind(r.discount_amount.minor_units())
-        .bind(r.reserved_at)
-        .bind(r.expires_at)
-        .execute(&mut *tx)
-        .await;
-        let inserted = match insert {
-            Ok(done) => done.rows_affected() == 1,
-            Err(err) => {
-                return match refusal(&err) {
-                    Some(reason) => Ok(Single::Refused(reason)),
-                    None => Err(err.into()),
-                }
-            }
-        };
-        if !inserted {
-            return Ok(Single::Duplicate);
-        }
-        // The conditional updates say "no" instead of raising; the reason is the constraint
-        // that would have refused the same write.
-        let (code, customer) = (r.voucher_code.as_str(), r.customer_id.as_str());
-        if !take_customer_use(&mut tx, code, customer).await? {
-            return Ok(Single::Refused("customer_usage_within_limit".into()));
-        }
-        if !take_voucher_use(&mut tx, code).await? {
-            return Ok(Single::Refused("vouchers_used_within_limit".into()));
-        }
-        tx.commit().await?;
-        Ok(Single::Inserted)
+    // The conditional updates say "no" instead of raising; the reason is the constraint
+    // that would have refused the same write.
+    let (code, customer) = (r.voucher_code.as_str(), r.customer_id.as_str());
+    if !take_customer_use(&mut tx, code, customer).await? {
+        return Ok(Single::Refused("customer_usage_within_limit".into()));
     }
+    if !take_voucher_use(&mut tx, code).await? {
+        return Ok(Single::Refused("vouchers_used_within_limit".into()));
+    }
+    tx.commit().await?;
+    Ok(Single::Inserted)
 }
 
 enum Single {

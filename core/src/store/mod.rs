@@ -3,6 +3,7 @@
 //! - `vouchers`: create and read vouchers with their counts;
 //! - `reservations`: the standard-mode reservation transaction, confirm, release, reads;
 //! - `batch`: reservations decided by the flash gate, recorded many per transaction;
+//! - `partitions`: which core writes which event partition, and where each one is;
 //! - `expiry`: the batch that releases reservations past their TTL.
 //!
 //! Lock order, to keep transactions free of deadlocks: a redemption row, then the
@@ -11,6 +12,7 @@
 
 mod batch;
 mod expiry;
+mod partitions;
 mod reservations;
 mod vouchers;
 
@@ -19,6 +21,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
 pub use batch::BatchResult;
+pub use partitions::{OwnedPartition, PartitionKey};
 pub use reservations::ReserveOutcome;
 
 use crate::config::DatabaseSettings;

@@ -3,6 +3,7 @@
 
 mod concurrency;
 mod constraints;
+mod consumer;
 mod expiry;
 mod flash;
 mod input;

@@ -529,7 +529,10 @@ async fn check_invariants(stack: &Stack, accepted: &[Accepted]) -> anyhow::Resul
         consume: false,
         ..Default::default()
     };
-    let progress = voucher_core::flash::events::progress::Progress::new(&kafka)?;
+    let progress = voucher_core::flash::events::progress::Progress::new(
+        &kafka,
+        voucher_core::store::Store::new(stack.db.clone()),
+    )?;
     let caught_up = progress.wait_caught_up(Duration::from_secs(60)).await?;
     let gate =
         voucher_core::flash::gate::Gate::connect(&redis_settings(&env_or("GATE_PREFIX", "vg:")))

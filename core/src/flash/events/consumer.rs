@@ -1,35 +1,45 @@
-//! The consumer group that writes reservation events into PostgreSQL.
+//! The writers of reservation events into PostgreSQL: one per partition of the events topic,
+//! whichever core holds the partition.
 //!
-//! At least once: offsets are stored and committed only after the database transaction
-//! commits, so a crash replays the last batch, and a replay is a no-op (orderId is unique).
-//! An event the database refuses goes to the dead-letter topic, so one bad event never
-//! blocks its partition and is never lost. A database outage stops progress (the batch is
-//! retried) but loses nothing.
+//! Partitions are owned through PostgreSQL, not through the broker's consumer group (whose
+//! rebalances can leave a partition unread for minutes after a member dies): every core runs
+//! a writer per partition, and a writer works only while its database session holds the
+//! partition's advisory lock (`store::partitions`). It reads the partition by manual
+//! assignment from the offset stored in PostgreSQL and stores the next offset with the rows,
+//! on the same session. When a core dies its sessions end, PostgreSQL releases the locks, and
+//! a standby writer on another core takes each partition within `kafka.takeover_interval`.
+//! A core that stalls longer than `kafka.owner_timeout` loses its session the same way.
+//!
+//! Exactly once in the common case (rows and offset in one transaction); a batch with an
+//! event the database refuses or cannot read stores its offset only after those events are
+//! on the dead-letter topic, so a crash in between replays the batch, which changes no row.
+//! A database outage stops progress but loses nothing: the writer lets the partition go and
+//! tries again.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::Message;
+use rdkafka::{Message, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
+use super::progress::Progress;
 use super::VoucherEvent;
 use crate::config::KafkaSettings;
 use crate::domain::Reservation;
 use crate::metrics::Metrics;
-use crate::store::{BatchResult, Store};
+use crate::store::{BatchResult, OwnedPartition, PartitionKey, Store};
 
 pub struct EventConsumer {
-    consumer: StreamConsumer,
+    settings: KafkaSettings,
     dead_letters: FutureProducer,
-    dlq_topic: String,
     store: Store,
     metrics: Arc<Metrics>,
-    batch_max: usize,
-    batch_wait: Duration,
+    /// Names this process in logs and in `consumer_offsets.owner`.
+    instance: String,
 }
 
 impl EventConsumer {
@@ -38,94 +48,194 @@ impl EventConsumer {
         store: Store,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Self> {
-        let consumer: StreamConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &settings.brokers)
-            .set("group.id", &settings.group)
-            // A group that has never committed starts at the beginning: no event is skipped.
-            .set("auto.offset.reset", "earliest")
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            // Confirm and release wait for the consumer to write a fresh reservation: a
-            // fetch that idles for librdkafka's default 500 ms would show in their latency.
-            .set("fetch.wait.max.ms", "10")
-            .create()?;
-        consumer.subscribe(&[&settings.topic])?;
         let dead_letters: FutureProducer = ClientConfig::new()
             .set("bootstrap.servers", &settings.brokers)
             .set("acks", "all")
             .set("enable.idempotence", "true")
             .create()?;
         Ok(Self {
-            consumer,
+            settings: settings.clone(),
             dead_letters,
-            dlq_topic: settings.dlq_topic(),
             store,
             metrics,
-            batch_max: settings.batch_max.max(1),
-            batch_wait: settings.batch_wait,
+            instance: format!(
+                "{}-{}",
+                std::process::id(),
+                &uuid::Uuid::new_v4().simple().to_string()[..8]
+            ),
         })
     }
 
-    /// Runs until `shutdown` is cancelled. A batch in progress is finished or abandoned
-    /// before its offsets are committed, so stopping never loses an event.
+    /// Runs a writer per partition until `shutdown` is cancelled. A batch in progress is
+    /// finished or abandoned before its offset is stored, so stopping never loses an event.
     pub async fn run(self, shutdown: CancellationToken) {
+        let this = Arc::new(self);
+        let Some(partitions) = this.partitions(&shutdown).await else {
+            return;
+        };
+        // A set: dropping this future (a killed app in a test) stops every writer with it.
+        let mut writers = tokio::task::JoinSet::new();
+        for p in 0..partitions {
+            writers.spawn(this.clone().writer(p, shutdown.clone()));
+        }
+        while writers.join_next().await.is_some() {}
+    }
+
+    /// How many partitions the topic has, once the broker says (retried until it does).
+    async fn partitions(&self, shutdown: &CancellationToken) -> Option<i32> {
         loop {
-            let first = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                m = self.consumer.recv() => m,
-            };
-            let first = match first {
-                Ok(m) => m,
-                Err(e) => {
-                    tracing::warn!(error = %e, "consumer error");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                }
-            };
-            let mut batch = vec![first];
-            let deadline = tokio::time::Instant::now() + self.batch_wait;
-            while batch.len() < self.batch_max {
-                match tokio::time::timeout_at(deadline, self.consumer.recv()).await {
-                    Ok(Ok(m)) => batch.push(m),
-                    Ok(Err(e)) => {
-                        tracing::warn!(error = %e, "consumer error while filling a batch");
-                        break;
-                    }
-                    Err(_) => break,
-                }
+            match Progress::partition_count(&self.settings).await {
+                Ok(n) => return Some(n),
+                Err(e) => tracing::warn!(
+                    error = format!("{e:#}"),
+                    "cannot read the topic's partitions; retrying"
+                ),
             }
-            // Retry the same batch until it is written: skipping it would lose uses.
-            let mut backoff = Duration::from_millis(100);
-            loop {
-                match self.write(&batch).await {
-                    Ok(()) => break,
-                    Err(e) => {
-                        tracing::warn!(
-                            error = format!("{e:#}"),
-                            events = batch.len(),
-                            "batch not written; retrying"
-                        );
-                        tokio::select! {
-                            _ = shutdown.cancelled() => return,
-                            _ = tokio::time::sleep(backoff) => {}
-                        }
-                        backoff = (backoff * 2).min(Duration::from_secs(5));
-                    }
-                }
+            tokio::select! {
+                _ = shutdown.cancelled() => return None,
+                _ = tokio::time::sleep(self.settings.takeover_interval) => {}
             }
-            self.commit(&batch);
         }
     }
 
+    /// Competes for partition `partition`; writes it while it is ours.
+    async fn writer(self: Arc<Self>, partition: i32, shutdown: CancellationToken) {
+        let key = PartitionKey {
+            group: self.settings.group.clone(),
+            topic: self.settings.topic.clone(),
+            partition,
+        };
+        let label = partition.to_string();
+        let owned_gauge = self.metrics.partitions_owned.with_label_values(&[&label]);
+        loop {
+            let owned = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                owned = self.store.own_partition(&key, &self.instance, self.settings.owner_timeout) => owned,
+            };
+            match owned {
+                Ok(Some(owned)) => {
+                    tracing::info!(partition, instance = %self.instance, "took the partition");
+                    owned_gauge.set(1);
+                    let why = self.write_while_owner(owned, &shutdown).await;
+                    owned_gauge.set(0);
+                    tracing::info!(partition, instance = %self.instance, reason = %why, "let the partition go");
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(partition, error = %e.chain(), "cannot compete for the partition")
+                }
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(self.settings.takeover_interval) => {}
+            }
+        }
+    }
+
+    /// Reads the partition from its stored offset and writes it, batch by batch, until the
+    /// session fails, a batch cannot be written, or `shutdown`. Returns why it stopped.
+    async fn write_while_owner(
+        &self,
+        mut owned: OwnedPartition,
+        shutdown: &CancellationToken,
+    ) -> String {
+        let start = match owned.next_offset().await {
+            Ok(Some(n)) => Offset::Offset(n),
+            Ok(None) => Offset::Beginning,
+            Err(e) => return format!("stored offset unreadable: {}", e.chain()),
+        };
+        let reader = match self.reader(owned.key.partition, start) {
+            Ok(reader) => reader,
+            Err(e) => return format!("cannot read the partition: {e:#}"),
+        };
+        // Well within owner_timeout, so an idle partition keeps its session.
+        let heartbeat = self.settings.owner_timeout / 4;
+        loop {
+            let first = tokio::select! {
+                _ = shutdown.cancelled() => return "shutting down".into(),
+                m = tokio::time::timeout(heartbeat, reader.recv()) => m,
+            };
+            let first = match first {
+                Err(_idle) => {
+                    if let Err(e) = owned.heartbeat().await {
+                        return format!("session lost: {}", e.chain());
+                    }
+                    continue;
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, partition = owned.key.partition, "read error");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+                Ok(Ok(m)) => m,
+            };
+            let batch = self.fill(&reader, first).await;
+            if let Err(e) = self.write(&mut owned, &batch).await {
+                return format!("batch not written: {e:#}");
+            }
+        }
+    }
+
+    /// A consumer of just this partition from `start`, by manual assignment: it never
+    /// subscribes, so it joins no group and takes part in no rebalance, and it commits
+    /// nothing to the broker (the offset lives in PostgreSQL). librdkafka still wants a
+    /// `group.id` for an assignment; it is never used to coordinate.
+    fn reader(&self, partition: i32, start: Offset) -> anyhow::Result<StreamConsumer> {
+        let reader: StreamConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.settings.brokers)
+            .set("group.id", &self.settings.group)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            // Confirm and release wait for the consumer to write a fresh reservation: a
+            // fetch that idles for librdkafka's default 500 ms would show in their latency.
+            .set("fetch.wait.max.ms", "10")
+            .create()?;
+        let mut assignment = TopicPartitionList::new();
+        assignment.add_partition_offset(&self.settings.topic, partition, start)?;
+        reader.assign(&assignment)?;
+        Ok(reader)
+    }
+
+    /// `first` and whatever else arrives within `batch_wait`, up to `batch_max` events.
+    async fn fill<'a>(
+        &self,
+        reader: &'a StreamConsumer,
+        first: BorrowedMessage<'a>,
+    ) -> Vec<BorrowedMessage<'a>> {
+        let mut batch = vec![first];
+        let deadline = tokio::time::Instant::now() + self.settings.batch_wait;
+        while batch.len() < self.settings.batch_max.max(1) {
+            match tokio::time::timeout_at(deadline, reader.recv()).await {
+                Ok(Ok(m)) => batch.push(m),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "read error while filling a batch");
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        batch
+    }
+
     /// Writes one batch: readable events recorded in PostgreSQL, the rest and whatever the
-    /// database refuses sent to the dead letters, then counted.
-    #[tracing::instrument(name = "consumer.batch", skip_all, fields(events = batch.len()))]
-    async fn write(&self, batch: &[BorrowedMessage<'_>]) -> anyhow::Result<()> {
+    /// database refuses sent to the dead letters, the next offset stored, then counted.
+    #[tracing::instrument(name = "consumer.batch", skip_all, fields(events = batch.len(), partition = owned.key.partition))]
+    async fn write(
+        &self,
+        owned: &mut OwnedPartition,
+        batch: &[BorrowedMessage<'_>],
+    ) -> anyhow::Result<()> {
+        let Some(last) = batch.last() else {
+            return Ok(());
+        };
+        let next_offset = last.offset() + 1;
         let (rows, positions, mut dead) = read_batch(batch);
         let result = if rows.is_empty() {
             BatchResult::default()
         } else {
-            self.store.record_reserved(&rows).await?
+            // With an unreadable event in the batch, the offset waits for its dead letter.
+            let offset_with_rows = dead.is_empty().then_some(next_offset);
+            owned.record_reserved(&rows, offset_with_rows).await?
         };
         dead.extend(
             result
@@ -135,6 +245,9 @@ impl EventConsumer {
         );
         for (i, reason) in &dead {
             self.dead_letter(&batch[*i], reason).await?;
+        }
+        if !result.offset_stored {
+            owned.store_offset(next_offset).await?;
         }
         self.count(batch.len(), &result, dead.len());
         Ok(())
@@ -177,7 +290,8 @@ impl EventConsumer {
                 key: "origin",
                 value: Some(origin.as_str()),
             });
-        let mut record = FutureRecord::to(&self.dlq_topic)
+        let dlq_topic = self.settings.dlq_topic();
+        let mut record = FutureRecord::to(&dlq_topic)
             .payload(message.payload().unwrap_or_default())
             .headers(headers);
         if let Some(key) = message.key() {
@@ -188,19 +302,6 @@ impl EventConsumer {
             .await
             .map_err(|(e, _)| anyhow::anyhow!("dead-letter send failed: {e}"))?;
         Ok(())
-    }
-
-    /// Offsets are stored only for written batches, then committed synchronously so that
-    /// `Progress` sees them promptly. A failed commit is retried with the next batch.
-    fn commit(&self, batch: &[BorrowedMessage<'_>]) {
-        for message in batch {
-            if let Err(e) = self.consumer.store_offset_from_message(message) {
-                tracing::warn!(error = %e, "cannot store offset");
-            }
-        }
-        if let Err(e) = self.consumer.commit_consumer_state(CommitMode::Sync) {
-            tracing::warn!(error = %e, "offset commit failed; will be retried with the next batch");
-        }
     }
 }
 

@@ -8,11 +8,15 @@
 //! Events are keyed by voucher code: all events of a voucher are in one partition, in order.
 //!
 //! - `publisher`: the producer (acks=all, idempotent) and how its failures are classified;
-//! - `consumer`: the batched, at-least-once writer with its dead-letter topic;
-//! - `progress`: "has the consumer group written everything published so far?";
+//! - `consumer`: the writers, one per partition, owned through PostgreSQL, batched, with
+//!   their dead-letter topic;
+//! - `progress`: "has everything published so far been written?";
+//! - `monitor`: per-partition lag and age of the oldest unwritten event, for metrics and
+//!   readiness;
 //! - `topics`: creates the topics at start-up (not every broker creates them on demand).
 
 pub mod consumer;
+pub mod monitor;
 pub mod progress;
 pub mod publisher;
 pub mod topics;
