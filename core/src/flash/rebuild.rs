@@ -110,7 +110,11 @@ impl FlashPath {
         // 3. The gate as PostgreSQL knows it.
         let rows = self.inner.store.voucher_reservations(&voucher.code).await?;
         let state = GateLoad::from_rows(voucher, &rows);
-        // 4. Load, unless another instance got there first.
+        // 4. Claims of its orders first (lost with the gate, or not), so no other voucher
+        //    can take one of them once the gate reopens; then load, unless another instance
+        //    got there first.
+        let orders: Vec<String> = state.orders.iter().map(|(o, _)| o.clone()).collect();
+        self.inner.gate.claim_orders(&voucher.code, &orders).await?;
         if self.inner.gate.load(voucher, &state).await? {
             self.inner.gate.announce_available(&voucher.code).await;
             Ok(Rebuild::Loaded)

@@ -156,6 +156,11 @@ impl FlashPath {
                 };
             }
         }
+        // The claim may have been lost with Redis since the first attempt: hold it again
+        // before publishing, or refuse if another voucher took the orderId meanwhile.
+        if !gate.claim_order(order_id, code).await? {
+            return Err(Error::OrderIdConflict);
+        }
         match self.publish(request, &record).await {
             Ok(()) => Ok(Some(ReserveOutcome::Retried(
                 self.acknowledged(request, record).await?,

@@ -518,3 +518,91 @@ async fn events_the_database_refuses_go_to_the_dead_letter_topic_without_blockin
     let accepted = [("c1", "o1"), ("c2", "o3")].map(|(c, o)| Accepted::new("DLQ", c, o));
     env.finish(&accepted).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_voucher_never_inherits_the_gate_keys_of_an_old_one() {
+    use voucher_core::domain::{Money, Voucher, VoucherMode};
+    use voucher_core::flash::gate::GateLoad;
+
+    let env = FlashStack::start().await;
+    // Keys an older voucher of the same code left behind (its database was reset, Redis
+    // kept them): sold out, another discount.
+    let now = chrono::Utc::now();
+    let old = Voucher {
+        code: VoucherCode::parse("REUSE").expect("code"),
+        discount_amount: Money::positive("discountAmount", 1).expect("money"),
+        min_order_amount: Money::not_negative("minOrderAmount", 0).expect("money"),
+        total_limit: 5,
+        per_user_limit: 1,
+        starts_at: now - chrono::Duration::days(2),
+        ends_at: now + chrono::Duration::days(2),
+        mode: VoucherMode::Flash,
+        created_at: now - chrono::Duration::days(2),
+    };
+    let sold_out = GateLoad {
+        remaining: 0,
+        ..Default::default()
+    };
+    assert!(env.gate.load(&old, &sold_out).await.expect("redis"));
+
+    env.app().given_voucher(flash_voucher("REUSE", 10, 1)).await;
+    let first = env.app().attempt("REUSE", "c1", "o1", 100_000).await;
+
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.body);
+    assert_eq!(
+        first.body["discountAmount"], 100_000,
+        "the new voucher's discount"
+    );
+    let voucher = env.app().voucher_json("REUSE").await;
+    assert_eq!(voucher["gateRemaining"], 9, "the new voucher's limit");
+    env.finish(&[first.accepted()]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rebuilt_gate_claims_its_orders_again() {
+    let env = FlashStack::start().await;
+    let app = env.app();
+    app.given_voucher(flash_voucher("CLA", 5, 1)).await;
+    app.given_voucher(flash_voucher("CLB", 5, 1)).await;
+    let first = app.attempt("CLA", "c1", "shared-order", 100_000).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    env.caught_up().await;
+
+    // Redis forgets the claim and the gate of CLA (a restart without persistence).
+    delete_claims(env.key_prefix()).await;
+    let code = VoucherCode::parse("CLA").expect("code");
+    env.gate.unload(&code).await.expect("keys deleted");
+    // The next reservation on CLA finds the gate missing and starts the rebuild.
+    let during = app.attempt("CLA", "c2", "o2", 100_000).await;
+    assert_eq!(during.status, StatusCode::SERVICE_UNAVAILABLE);
+    eventually(
+        Duration::from_secs(30),
+        "the gate of CLA rebuilt",
+        || async { env.gate.remaining(&code).await.ok().flatten() },
+    )
+    .await;
+
+    let elsewhere = app.reserve("CLB", "c1", "shared-order", 100_000).await;
+    assert_error(elsewhere, StatusCode::CONFLICT, "ORDER_ID_CONFLICT").await;
+    env.finish(&[first.accepted()]).await;
+}
+
+/// Deletes every orderId claim under `prefix`.
+async fn delete_claims(prefix: &str) {
+    let client = redis::Client::open(crate::stack::REDIS_URL).expect("redis url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}order-owner:*"))
+        .query_async(&mut conn)
+        .await
+        .expect("keys");
+    assert!(!keys.is_empty(), "claims exist before they are lost");
+    let _: () = redis::cmd("DEL")
+        .arg(keys)
+        .query_async(&mut conn)
+        .await
+        .expect("deleted");
+}

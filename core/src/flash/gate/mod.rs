@@ -131,6 +131,11 @@ fn ms(t: chrono::DateTime<chrono::Utc>) -> i64 {
     t.timestamp_millis()
 }
 
+/// What tells two vouchers of one code apart: when the row was created (to the microsecond).
+fn identity(voucher: &Voucher) -> i64 {
+    voucher.created_at.timestamp_micros()
+}
+
 impl Gate {
     pub async fn connect(settings: &RedisSettings) -> anyhow::Result<Self> {
         let client = redis::Client::open(settings.url.expose_secret())?;
@@ -313,7 +318,8 @@ impl Gate {
         })
     }
 
-    /// Loads the gate unless it is loaded; `true` when this call loaded it.
+    /// Loads the gate unless this voucher's gate is loaded; `true` when this call loaded it.
+    /// Keys an older voucher of the same code left behind are replaced, never inherited.
     #[tracing::instrument(name = "gate.load", skip_all, fields(code = %voucher.code))]
     pub async fn load(&self, voucher: &Voucher, state: &GateLoad) -> Result<bool> {
         let k = self.keys(&voucher.code);
@@ -323,6 +329,7 @@ impl Gate {
             .key(&k.remaining)
             .key(&k.users)
             .key(&k.orders)
+            .arg(identity(voucher))
             .arg(voucher.total_limit)
             .arg(voucher.per_user_limit)
             .arg(ms(voucher.starts_at))
@@ -341,7 +348,32 @@ impl Gate {
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(redis_down)?;
-        Ok(loaded == 1)
+        if loaded == 2 {
+            tracing::warn!(code = %voucher.code, "gate keys of an older voucher with this code replaced");
+        }
+        Ok(loaded != 0)
+    }
+
+    /// Claims every order of `orders` for `code` unless another voucher holds it: after a
+    /// rebuild, the claims lost with the gate are back. Pipelined in chunks, so a voucher
+    /// with many orders costs few round trips and no long Redis call.
+    pub async fn claim_orders(&self, code: &VoucherCode, orders: &[String]) -> Result<()> {
+        for chunk in orders.chunks(1000) {
+            let mut pipe = redis::pipe();
+            for order in chunk {
+                pipe.cmd("SET")
+                    .arg(self.claim_key(order))
+                    .arg(code.as_str())
+                    .arg("NX")
+                    .arg("EX")
+                    .arg(ORDER_CLAIM_TTL_SECS)
+                    .ignore();
+            }
+            pipe.query_async::<()>(&mut self.conn.clone())
+                .await
+                .map_err(redis_down)?;
+        }
+        Ok(())
     }
 
     /// Remaining uses and every order record, read atomically; `None` when not loaded.
@@ -379,8 +411,7 @@ impl Gate {
 
     /// Claims `order_id` for `code` across all vouchers; `false` when another voucher holds it.
     pub async fn claim_order(&self, order_id: &OrderId, code: &VoucherCode) -> Result<bool> {
-        // Its own slot: deliberately outside any voucher's hash tag.
-        let key = format!("{}order-owner:{}", self.prefix, order_id.as_str());
+        let key = self.claim_key(order_id.as_str());
         let set: Option<String> = redis::cmd("SET")
             .arg(&key)
             .arg(code.as_str())
@@ -399,6 +430,11 @@ impl Gate {
             .await
             .map_err(redis_down)?;
         Ok(owner.as_deref() == Some(code.as_str()))
+    }
+
+    /// The claim of one orderId: its own slot, deliberately outside any voucher's hash tag.
+    fn claim_key(&self, order_id: &str) -> String {
+        format!("{}order-owner:{}", self.prefix, order_id)
     }
 
     /// Tells edges that a use of `code` became available again, so they drop their
