@@ -53,7 +53,8 @@ pub struct Metrics {
     pub gate_drift: IntGaugeVec,
     /// Uses left at the gate, per flash voucher (sampled by reconciliation).
     pub gate_remaining: IntGaugeVec,
-    /// Uses reconciliation gave back, by reason (never_recorded, released_in_db).
+    /// Uses reconciliation gave back, by reason (never_recorded, released_in_db), and uses it
+    /// took off a gate that counted too few (repaired).
     pub reconciled: IntCounterVec,
     /// Gate rebuilds by result (loaded, already_loaded, not_caught_up, error).
     pub gate_rebuilds: IntCounterVec,
@@ -209,7 +210,10 @@ impl Metrics {
                 &self.consumer_events,
                 &["inserted", "duplicate", "dead_lettered"],
             ),
-            (&self.reconciled, &["never_recorded", "released_in_db"]),
+            (
+                &self.reconciled,
+                &["never_recorded", "released_in_db", "repaired"],
+            ),
             (
                 &self.gate_rebuilds,
                 &["loaded", "already_loaded", "not_caught_up", "error"],

@@ -7,7 +7,11 @@
 //! than `flash.reconcile_grace` ago (longer than the producer keeps trying): its use is given
 //! back. An order held in the gate but released in PostgreSQL (the gate step of a release
 //! failed) is released in the gate too. Both go through the one give-back path, which
-//! tells the edges.
+//! tells the edges. Then the gate's count itself is checked: if it counts fewer uses than
+//! PostgreSQL's rows and the reservations in flight hold (a stale, restored, partly evicted
+//! or tampered gate), the difference is taken off its remaining count at once, so the gate
+//! stops selling uses PostgreSQL has already given. (A gate that counts too many is only
+//! reported: giving uses back on a guess could oversell.)
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,9 +20,9 @@ use std::time::Duration;
 use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
-use super::gate::{GateSnapshot, GiveBack, RecordState, ReleaseOutcome};
+use super::gate::{GateSnapshot, GiveBack, OrderRecord, RecordState, ReleaseOutcome};
 use super::FlashPath;
-use crate::domain::{OrderId, ReservationStatus, Voucher};
+use crate::domain::{OrderId, Reservation, ReservationStatus, Voucher};
 use crate::metrics::Metrics;
 use crate::store::Store;
 use crate::Result;
@@ -40,6 +44,9 @@ pub struct VoucherReport {
     pub drift: i64,
     pub forgotten: usize,
     pub released: usize,
+    /// Uses taken off the gate's remaining count because it counted fewer uses than
+    /// PostgreSQL and the reservations in flight hold (a stale, restored or tampered gate).
+    pub repaired: i64,
 }
 
 impl Reconciler {
@@ -98,17 +105,18 @@ impl Reconciler {
         snapshot: GateSnapshot,
         sampled_at: chrono::DateTime<Utc>,
     ) -> Result<VoucherReport> {
-        let rows: HashMap<String, ReservationStatus> = self
+        let rows: HashMap<String, Reservation> = self
             .store
             .voucher_reservations(&voucher.code)
             .await?
             .into_iter()
-            .map(|r| (r.order_id.to_string(), r.status))
+            .map(|r| (r.order_id.to_string(), r))
             .collect();
         let grace = chrono::Duration::from_std(self.grace).unwrap_or(chrono::Duration::MAX);
         let cutoff = (sampled_at - grace).timestamp_millis();
         let mut report = VoucherReport::default();
         let mut remaining = snapshot.remaining;
+        let mut forgotten = std::collections::HashSet::new();
         for (order, record) in &snapshot.orders {
             if !record.state.holds() {
                 continue;
@@ -116,7 +124,7 @@ impl Reconciler {
             let Ok(order_id) = OrderId::parse(order.clone()) else {
                 continue;
             };
-            let how = match rows.get(order) {
+            let how = match rows.get(order).map(|r| r.status) {
                 None if record.publish_ms <= cutoff => GiveBack::Forget {
                     states: vec![RecordState::Pending, RecordState::Accepted],
                     published_by_ms: cutoff,
@@ -139,17 +147,55 @@ impl Reconciler {
                     report.released += 1;
                 } else {
                     report.forgotten += 1;
+                    forgotten.insert(order.clone());
                 }
             }
         }
+        // Uses the gate should count: rows that hold one, plus records in flight (holding,
+        // no row yet, not forgotten). A row whose order is not in the snapshot counts only if
+        // it is older than the cutoff: a younger one may have been reserved after the
+        // snapshot. Undercounting here only ever makes the repair smaller.
+        let in_snapshot: HashMap<&str, &OrderRecord> = snapshot
+            .orders
+            .iter()
+            .map(|(o, r)| (o.as_str(), r))
+            .collect();
         let db_active = rows
-            .values()
-            .filter(|s| **s != ReservationStatus::Released)
+            .iter()
+            .filter(|(_, r)| r.status != ReservationStatus::Released)
+            .filter(|(order, r)| {
+                in_snapshot.contains_key(order.as_str())
+                    || r.reserved_at.timestamp_millis() <= cutoff
+            })
+            .count() as i64;
+        let in_flight = snapshot
+            .orders
+            .iter()
+            .filter(|(o, r)| r.state.holds() && !rows.contains_key(o) && !forgotten.contains(o))
             .count() as i64;
         let gate_used = i64::from(voucher.total_limit) - remaining;
-        report.drift = gate_used - db_active;
+        let drift = gate_used - db_active - in_flight;
+        if drift < 0 {
+            // The gate would sell uses PostgreSQL has already given: take them off now.
+            if self
+                .flash
+                .gate()
+                .adjust_remaining(voucher, drift)
+                .await?
+                .is_some()
+            {
+                tracing::error!(code = %voucher.code, uses = -drift, "gate counted fewer uses than PostgreSQL holds; remaining repaired");
+                self.metrics
+                    .reconciled
+                    .with_label_values(&["repaired"])
+                    .inc_by(drift.unsigned_abs());
+                report.repaired = -drift;
+                remaining += drift;
+            }
+        }
+        report.drift = i64::from(voucher.total_limit) - remaining - db_active - in_flight;
         if report.drift != 0 {
-            tracing::info!(code = %voucher.code, drift = report.drift, "gate and database differ (in-flight reservations count too)");
+            tracing::warn!(code = %voucher.code, drift = report.drift, "gate counts more uses than PostgreSQL and the reservations in flight");
         }
         Ok(report)
     }

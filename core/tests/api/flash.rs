@@ -335,21 +335,7 @@ async fn the_broker_down_for_seconds_mid_sale_loses_no_201_and_oversells_nothing
     // Reconciliation, after the grace period, gives back what clients abandoned.
     tokio::time::sleep(env.settings.flash.reconcile_grace + Duration::from_millis(500)).await;
     env.caught_up().await;
-    let reconciler = Reconciler {
-        flash: FlashPath::new(
-            env.gate.clone(),
-            env.kafka(),
-            Store::new(env.pool.clone()),
-            Arc::new(Metrics::new()),
-            env.settings.flash.clone(),
-        )
-        .expect("flash path"),
-        store: Store::new(env.pool.clone()),
-        metrics: Arc::new(Metrics::new()),
-        interval: Duration::from_secs(60),
-        grace: env.settings.flash.reconcile_grace,
-        catch_up_timeout: Duration::from_secs(30),
-    };
+    let reconciler = reconciler(&env);
     let reports = reconciler.run_once().await.expect("reconciliation runs");
     let report = reports[0].1.clone().expect("caught up and loaded");
     let rows = env.rows("OUTAGE").await as usize;
@@ -605,4 +591,72 @@ async fn delete_claims(prefix: &str) {
         .query_async(&mut conn)
         .await
         .expect("deleted");
+}
+
+/// A reconciler over the stack's gate and database, run by hand at a known moment.
+fn reconciler(env: &FlashStack) -> Reconciler {
+    let store = Store::new(env.pool.clone());
+    Reconciler {
+        flash: FlashPath::new(
+            env.gate.clone(),
+            env.kafka(),
+            store.clone(),
+            Arc::new(Metrics::new()),
+            env.settings.flash.clone(),
+        )
+        .expect("flash path"),
+        store,
+        metrics: Arc::new(Metrics::new()),
+        interval: Duration::from_secs(60),
+        grace: env.settings.flash.reconcile_grace,
+        catch_up_timeout: Duration::from_secs(30),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reconciliation_repairs_a_gate_that_counts_fewer_uses_than_postgresql() {
+    let env = FlashStack::start().await;
+    let app = env.app();
+    app.given_voucher(flash_voucher("STALE", 5, 1)).await;
+    let sale = Sale::new("STALE", "st", 5).run(app).await;
+    assert_eq!(sale.created(), 5);
+    env.caught_up().await;
+
+    // The gate goes wrong behind our back (restored from an older snapshot, tampered):
+    // three uses appear that PostgreSQL has already given.
+    let client = redis::Client::open(crate::stack::REDIS_URL).expect("redis url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    let _: i64 = redis::cmd("INCRBY")
+        .arg(format!("{}{{STALE}}:remaining", env.key_prefix()))
+        .arg(3)
+        .query_async(&mut conn)
+        .await
+        .expect("incremented");
+    // Until reconciliation runs, the gate sells them: those 201s are refused by
+    // PostgreSQL into the dead letters (detection after the fact cannot prevent this).
+    let late = Sale::new("STALE", "late", 3).run(app).await;
+    assert_eq!(late.created(), 3);
+
+    tokio::time::sleep(env.settings.flash.reconcile_grace + Duration::from_millis(500)).await;
+    env.caught_up().await;
+    let reports = reconciler(&env)
+        .run_once()
+        .await
+        .expect("reconciliation runs");
+    let report = reports[0].1.clone().expect("caught up and loaded");
+
+    assert_eq!(report.repaired, 3, "{report:?}");
+    assert_eq!(report.drift, 0, "{report:?}");
+    assert_eq!(app.voucher_json("STALE").await["gateRemaining"], 0);
+    let after = app.reserve("STALE", "new", "new-1", 100_000).await;
+    assert_error(after, StatusCode::CONFLICT, "OUT_OF_STOCK").await;
+    assert_eq!(
+        env.rows("STALE").await,
+        5,
+        "PostgreSQL held the limit throughout"
+    );
+    env.finish(&sale.accepted()).await;
 }

@@ -98,6 +98,7 @@ pub const RESERVE_SCRIPT: &str = include_str!("lua/reserve.lua");
 const ORDER_CLAIM_TTL_SECS: u64 = 30 * 24 * 3600;
 
 struct Scripts {
+    adjust: Script,
     reserve: Script,
     mark: Script,
     release: Script,
@@ -145,6 +146,7 @@ impl Gate {
             .set_number_of_retries(1);
         let conn = ConnectionManager::new_with_config(client, config).await?;
         let scripts = Scripts {
+            adjust: Script::new(include_str!("lua/adjust.lua")),
             reserve: Script::new(RESERVE_SCRIPT),
             mark: Script::new(include_str!("lua/mark.lua")),
             release: Script::new(include_str!("lua/release.lua")),
@@ -165,6 +167,7 @@ impl Gate {
     async fn load_scripts(&self) -> anyhow::Result<()> {
         let mut conn = self.conn.clone();
         for script in [
+            &self.scripts.adjust,
             &self.scripts.reserve,
             &self.scripts.mark,
             &self.scripts.release,
@@ -402,6 +405,22 @@ impl Gate {
             orders.push((order, OrderRecord::parse(&record)?));
         }
         Ok(Some(GateSnapshot { remaining, orders }))
+    }
+
+    /// Adds `delta` to the remaining uses of `voucher`'s gate (reconciliation's repair);
+    /// the new count, or `None` when the gate is not loaded for this voucher.
+    #[tracing::instrument(name = "gate.adjust", skip(self, voucher), fields(code = %voucher.code))]
+    pub async fn adjust_remaining(&self, voucher: &Voucher, delta: i64) -> Result<Option<i64>> {
+        let k = self.keys(&voucher.code);
+        self.scripts
+            .adjust
+            .key(&k.meta)
+            .key(&k.remaining)
+            .arg(delta)
+            .arg(identity(voucher))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_down)
     }
 
     /// Remaining uses, or `None` when the gate is not loaded.
