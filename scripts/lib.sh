@@ -115,6 +115,13 @@ ensure_k6() {
   hash -r
 }
 
+# libfaketime (Debian's faketime) for the test of a core whose clock is off.
+ensure_faketime() {
+  if [[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ]]; then return 0; fi
+  log "installing faketime (Debian package)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null
+}
+
 # Prometheus (Debian package) for the dashboard test; the package's service is not started.
 ensure_prometheus() {
   if command -v prometheus >/dev/null 2>&1; then return 0; fi

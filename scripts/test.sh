@@ -11,4 +11,5 @@ ensure_redis
 ensure_tansu
 ensure_k6
 ensure_prometheus
+ensure_faketime
 cargo test --workspace --locked "$@"

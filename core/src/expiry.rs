@@ -7,7 +7,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
@@ -29,12 +28,7 @@ impl ExpiryJob {
     /// Releases everything due now, one batch (one transaction) at a time.
     pub async fn run_once(&self) {
         loop {
-            match self
-                .service
-                .store()
-                .release_expired(Utc::now(), self.batch)
-                .await
-            {
+            match self.service.store().release_expired(None, self.batch).await {
                 Ok(released) => {
                     self.service.after_expiry(&released).await;
                     self.metrics.expiry_runs.with_label_values(&["ok"]).inc();

@@ -5,8 +5,6 @@
 
 use std::sync::Arc;
 
-use chrono::Utc;
-
 use crate::catalog::Catalog;
 use crate::domain::{
     NewVoucher, OrderId, Reservation, ReservationRequest, Voucher, VoucherCode, VoucherMode,
@@ -103,7 +101,7 @@ impl VoucherService {
         let result = match voucher.mode {
             VoucherMode::Standard => {
                 self.store
-                    .reserve_standard(&voucher, request, Utc::now(), self.reservation_ttl)
+                    .reserve_standard(&voucher, request, self.reservation_ttl)
                     .await
             }
             VoucherMode::Flash => {
@@ -126,7 +124,7 @@ impl VoucherService {
 
     pub async fn confirm(&self, code: &VoucherCode, order_id: &OrderId) -> Result<Reservation> {
         match self.mode_of(code).await? {
-            VoucherMode::Standard => self.store.confirm(code, order_id, Utc::now()).await,
+            VoucherMode::Standard => self.store.confirm(code, order_id).await,
             VoucherMode::Flash => self.flash_path()?.confirm(code, order_id).await,
         }
     }
@@ -137,7 +135,7 @@ impl VoucherService {
     pub async fn release(&self, code: &VoucherCode, order_id: &OrderId) -> Result<Reservation> {
         match self.mode_of(code).await? {
             VoucherMode::Standard => {
-                let released = self.store.release(code, order_id, Utc::now()).await?;
+                let released = self.store.release(code, order_id).await?;
                 self.announce_available(code).await;
                 Ok(released)
             }

@@ -185,6 +185,103 @@ impl Drop for EdgeProcess {
     }
 }
 
+/// The core binary as a process of its own (configured by environment variables alone, as a
+/// container would be), with extra environment (e.g. libfaketime preloaded). Killed when
+/// dropped.
+pub struct CoreProcess {
+    child: Child,
+    pub api: ApiClient,
+    /// Its log, to read when it misbehaves.
+    pub log: std::path::PathBuf,
+    _dir: TempDir,
+}
+
+impl CoreProcess {
+    /// Starts `binary` with `settings` (its listeners on fresh ports) and `extra_env`.
+    pub async fn start(binary: &Path, settings: &Settings, extra_env: &[(&str, &str)]) -> Self {
+        use secrecy::ExposeSecret;
+        let port = free_port();
+        let mut env: Vec<(String, String)> = vec![
+            ("HTTP__LISTEN".into(), format!("127.0.0.1:{port}")),
+            (
+                "HTTP__METRICS_LISTEN".into(),
+                format!("127.0.0.1:{}", free_port()),
+            ),
+            (
+                "DATABASE__URL".into(),
+                settings.database.url.expose_secret().to_owned(),
+            ),
+            ("ADMIN__TOKEN".into(), ADMIN_TOKEN.into()),
+            (
+                "RESERVATIONS__EXPIRY_ENABLED".into(),
+                settings.reservations.expiry_enabled.to_string(),
+            ),
+            (
+                "FLASH__RECONCILE_ENABLED".into(),
+                settings.flash.reconcile_enabled.to_string(),
+            ),
+            (
+                "FLASH__RECONCILE_GRACE".into(),
+                format!("{}ms", settings.flash.reconcile_grace.as_millis()),
+            ),
+        ];
+        if let Some(redis) = &settings.redis {
+            env.push(("REDIS__URL".into(), redis.url.expose_secret().to_owned()));
+            env.push(("REDIS__KEY_PREFIX".into(), redis.key_prefix.clone()));
+        }
+        if let Some(kafka) = &settings.kafka {
+            env.push(("KAFKA__BROKERS".into(), kafka.brokers.clone()));
+            env.push(("KAFKA__TOPIC".into(), kafka.topic.clone()));
+            env.push(("KAFKA__GROUP".into(), kafka.group.clone()));
+            env.push(("KAFKA__CONSUME".into(), kafka.consume.to_string()));
+            env.push((
+                "KAFKA__MESSAGE_TIMEOUT".into(),
+                format!("{}ms", kafka.message_timeout.as_millis()),
+            ));
+        }
+        let dir = TempDir::new("core");
+        let log = dir.0.join("core.log");
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(binary)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("RUST_LOG", "info")
+            .envs(env.into_iter().map(|(k, v)| (format!("VOUCHER__{k}"), v)))
+            .envs(extra_env.iter().copied())
+            .stdout(file.try_clone().expect("log file"))
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{} starts: {e}", binary.display()));
+        let core = Self {
+            child,
+            api: ApiClient::new(format!("http://127.0.0.1:{port}")),
+            log,
+            _dir: dir,
+        };
+        let listening = tokio::time::timeout(Duration::from_secs(30), async {
+            while tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_err()
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        if listening.is_err() {
+            let text = std::fs::read_to_string(&core.log).unwrap_or_default();
+            panic!("the core process did not listen within 30 s; its log:\n{text}");
+        }
+        core
+    }
+}
+
+impl Drop for CoreProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// How to build a [`FlashStack`].
 pub struct FlashStackBuilder {
     cores: usize,

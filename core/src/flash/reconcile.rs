@@ -17,7 +17,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
 use super::gate::{GateSnapshot, GiveBack, OrderRecord, RecordState, ReleaseOutcome};
@@ -67,7 +66,6 @@ impl Reconciler {
         for v in &vouchers {
             snapshots.push(self.flash.gate().snapshot(&v.code).await?);
         }
-        let sampled_at = Utc::now();
         let caught_up = self
             .flash
             .progress()
@@ -83,9 +81,7 @@ impl Reconciler {
                     .set(s.remaining);
             }
             let report = match (caught_up, snapshot) {
-                (true, Some(snapshot)) => {
-                    Some(self.reconcile(&voucher, snapshot, sampled_at).await?)
-                }
+                (true, Some(snapshot)) => Some(self.reconcile(&voucher, snapshot).await?),
                 _ => None,
             };
             if let Some(r) = &report {
@@ -99,12 +95,7 @@ impl Reconciler {
         Ok(reports)
     }
 
-    async fn reconcile(
-        &self,
-        voucher: &Voucher,
-        snapshot: GateSnapshot,
-        sampled_at: chrono::DateTime<Utc>,
-    ) -> Result<VoucherReport> {
+    async fn reconcile(&self, voucher: &Voucher, snapshot: GateSnapshot) -> Result<VoucherReport> {
         let rows: HashMap<String, Reservation> = self
             .store
             .voucher_reservations(&voucher.code)
@@ -112,8 +103,9 @@ impl Reconciler {
             .into_iter()
             .map(|r| (r.order_id.to_string(), r))
             .collect();
-        let grace = chrono::Duration::from_std(self.grace).unwrap_or(chrono::Duration::MAX);
-        let cutoff = (sampled_at - grace).timestamp_millis();
+        // Records carry Redis's time; the cutoff is taken on the same clock.
+        let grace = i64::try_from(self.grace.as_millis()).unwrap_or(i64::MAX);
+        let cutoff = snapshot.at_ms.saturating_sub(grace);
         let mut report = VoucherReport::default();
         let mut remaining = snapshot.remaining;
         let mut forgotten = std::collections::HashSet::new();

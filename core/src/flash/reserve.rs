@@ -4,8 +4,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use chrono::Utc;
-
 use super::events::publisher::PublishError;
 use super::events::ReservedEvent;
 use super::gate::{GateDecision, GiveBack, OrderRecord, RecordState};
@@ -57,12 +55,11 @@ impl FlashPath {
         request: &ReservationRequest,
         ttl: chrono::Duration,
     ) -> Result<GateDecision> {
-        let now = Utc::now().timestamp_millis();
         let started = Instant::now();
         let decision = self
             .inner
             .gate
-            .reserve(request, now, ttl.num_milliseconds())
+            .reserve(request, ttl.num_milliseconds())
             .await;
         self.inner
             .metrics
@@ -132,7 +129,6 @@ impl FlashPath {
         record: OrderRecord,
     ) -> Result<Option<ReserveOutcome>> {
         let (code, order_id) = (&request.voucher_code, &request.order_id);
-        let now = Utc::now().timestamp_millis();
         let gate = &self.inner.gate;
         let touched = gate
             .mark(
@@ -140,7 +136,7 @@ impl FlashPath {
                 order_id,
                 &[RecordState::Pending],
                 RecordState::Pending,
-                Some(now),
+                true,
             )
             .await?;
         match touched {
@@ -208,7 +204,7 @@ impl FlashPath {
                 order_id,
                 &[RecordState::Pending],
                 RecordState::Accepted,
-                None,
+                false,
             )
             .await;
         if let Err(e) = marked {

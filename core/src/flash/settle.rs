@@ -4,8 +4,6 @@
 
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
-
 use super::gate::RecordState;
 use super::FlashPath;
 use crate::domain::{OrderId, Reservation, VoucherCode};
@@ -14,9 +12,7 @@ use crate::{Error, Result};
 impl FlashPath {
     pub async fn confirm(&self, code: &VoucherCode, order_id: &OrderId) -> Result<Reservation> {
         let confirmed = self
-            .when_recorded(code, order_id, || {
-                self.inner.store.confirm(code, order_id, Utc::now())
-            })
+            .when_recorded(code, order_id, || self.inner.store.confirm(code, order_id))
             .await?;
         let marked = self
             .inner
@@ -26,7 +22,7 @@ impl FlashPath {
                 order_id,
                 &[RecordState::Pending, RecordState::Accepted],
                 RecordState::Confirmed,
-                None,
+                false,
             )
             .await;
         if let Err(e) = marked {
@@ -37,9 +33,7 @@ impl FlashPath {
 
     pub async fn release(&self, code: &VoucherCode, order_id: &OrderId) -> Result<Reservation> {
         let released = self
-            .when_recorded(code, order_id, || {
-                self.inner.store.release(code, order_id, Utc::now())
-            })
+            .when_recorded(code, order_id, || self.inner.store.release(code, order_id))
             .await?;
         self.released_in_db(code, order_id).await;
         Ok(released)

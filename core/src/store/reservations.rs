@@ -83,6 +83,9 @@ impl Store {
 
     /// Standard mode: decides and records a reservation in one PostgreSQL transaction.
     ///
+    /// Time is PostgreSQL's (`now()`), never the calling core's: every core decides the
+    /// sale window and the TTL by the same clock, however far its own is off.
+    ///
     /// Precedence of answers: a retry of a served request gets its reservation back (even
     /// after the sale ended or sold out); then eligibility (422); then OUT_OF_STOCK when
     /// the voucher is visibly sold out; then, under locks, the per-customer limit and the
@@ -94,7 +97,6 @@ impl Store {
         &self,
         voucher: &Voucher,
         request: &ReservationRequest,
-        now: DateTime<Utc>,
         ttl: chrono::Duration,
     ) -> Result<ReserveOutcome> {
         // One round trip answers the cheap questions before any lock is taken.
@@ -102,9 +104,11 @@ impl Store {
         struct Precheck {
             sold_out: bool,
             existing_order_id: Option<String>,
+            now: DateTime<Utc>,
         }
         let pre: Option<Precheck> = sqlx::query_as(
-            "SELECT v.used_count >= v.total_limit AS sold_out, r.order_id AS existing_order_id
+            "SELECT v.used_count >= v.total_limit AS sold_out, r.order_id AS existing_order_id,
+                    now() AS now
              FROM vouchers v LEFT JOIN redemptions r ON r.order_id = $2
              WHERE v.code = $1",
         )
@@ -113,6 +117,7 @@ impl Store {
         .fetch_optional(self.pool())
         .await?;
         let pre = pre.ok_or(Error::VoucherNotFound)?;
+        let now = pre.now;
         if pre.existing_order_id.is_some() {
             return self.answer_existing(request).await;
         }
@@ -153,20 +158,14 @@ impl Store {
 
     /// Confirms a reservation. Idempotent: confirming a confirmed one answers the same.
     #[tracing::instrument(skip_all, fields(code = %code, order_id = %order_id))]
-    pub async fn confirm(
-        &self,
-        code: &VoucherCode,
-        order_id: &OrderId,
-        now: DateTime<Utc>,
-    ) -> Result<Reservation> {
+    pub async fn confirm(&self, code: &VoucherCode, order_id: &OrderId) -> Result<Reservation> {
         let row: Option<RedemptionRow> = sqlx::query_as(&format!(
-            "UPDATE redemptions SET status = 'CONFIRMED', confirmed_at = $3
+            "UPDATE redemptions SET status = 'CONFIRMED', confirmed_at = now()
              WHERE voucher_code = $1 AND order_id = $2 AND status = 'RESERVED'
              RETURNING {REDEMPTION_COLUMNS}"
         ))
         .bind(code.as_str())
         .bind(order_id.as_str())
-        .bind(now)
         .fetch_optional(self.pool())
         .await?;
         if let Some(row) = row {
@@ -184,21 +183,15 @@ impl Store {
     /// Releases a reservation and gives its use back. Idempotent: releasing a released one
     /// answers the same and gives nothing back twice.
     #[tracing::instrument(skip_all, fields(code = %code, order_id = %order_id))]
-    pub async fn release(
-        &self,
-        code: &VoucherCode,
-        order_id: &OrderId,
-        now: DateTime<Utc>,
-    ) -> Result<Reservation> {
+    pub async fn release(&self, code: &VoucherCode, order_id: &OrderId) -> Result<Reservation> {
         let mut tx = self.pool().begin().await?;
         let row: Option<RedemptionRow> = sqlx::query_as(&format!(
-            "UPDATE redemptions SET status = 'RELEASED', released_at = $3
+            "UPDATE redemptions SET status = 'RELEASED', released_at = now()
              WHERE voucher_code = $1 AND order_id = $2 AND status = 'RESERVED'
              RETURNING {REDEMPTION_COLUMNS}"
         ))
         .bind(code.as_str())
         .bind(order_id.as_str())
-        .bind(now)
         .fetch_optional(&mut *tx)
         .await?;
         if let Some(row) = row {

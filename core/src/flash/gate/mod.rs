@@ -87,6 +87,8 @@ pub struct GateLoad {
 /// A consistent read of a loaded gate.
 #[derive(Debug, Clone)]
 pub struct GateSnapshot {
+    /// When it was read, by Redis's clock (the clock of the records' times).
+    pub at_ms: i64,
     pub remaining: i64,
     pub orders: Vec<(String, OrderRecord)>,
 }
@@ -189,13 +191,10 @@ impl Gate {
         }
     }
 
+    /// Runs the reserve script. The script reads the time from Redis: no core's clock
+    /// decides the sale window or the TTL.
     #[tracing::instrument(name = "gate.reserve", skip_all, fields(code = %request.voucher_code))]
-    pub async fn reserve(
-        &self,
-        request: &ReservationRequest,
-        now_ms: i64,
-        ttl_ms: i64,
-    ) -> Result<GateDecision> {
+    pub async fn reserve(&self, request: &ReservationRequest, ttl_ms: i64) -> Result<GateDecision> {
         let k = self.keys(&request.voucher_code);
         let reply: Vec<String> = self
             .scripts
@@ -207,7 +206,6 @@ impl Gate {
             .arg(request.order_id.as_str())
             .arg(request.customer_id.as_str())
             .arg(request.order_amount.minor_units())
-            .arg(now_ms)
             .arg(ttl_ms)
             .invoke_async(&mut self.conn.clone())
             .await
@@ -232,9 +230,9 @@ impl Gate {
         })
     }
 
-    /// Moves an order's record from one of `from` to `to`; returns the state it ends in.
-    /// `publish_ms`, when given, becomes the record's latest publish start.
-    /// Returns the state the record ends in, `None` when there is no record.
+    /// Moves an order's record from one of `from` to `to`. With `touch`, its latest publish
+    /// start becomes now (by Redis's clock). Returns the state the record ends in, `None`
+    /// when there is no record.
     #[tracing::instrument(name = "gate.mark", skip(self))]
     pub async fn mark(
         &self,
@@ -242,7 +240,7 @@ impl Gate {
         order_id: &OrderId,
         from: &[RecordState],
         to: RecordState,
-        publish_ms: Option<i64>,
+        touch: bool,
     ) -> Result<Option<RecordState>> {
         let k = self.keys(code);
         let from: String = from.iter().map(|s| s.letter()).collect();
@@ -252,8 +250,8 @@ impl Gate {
             .arg(order_id.as_str())
             .arg(from)
             .arg(to.letter().to_string());
-        if let Some(at) = publish_ms {
-            invocation.arg(at);
+        if touch {
+            invocation.arg("touch");
         }
         let state: Option<String> = invocation
             .invoke_async(&mut self.conn.clone())
@@ -396,15 +394,23 @@ impl Gate {
             other => redis::from_redis_value(&other).map_err(redis_down)?,
         };
         let mut items = items.into_iter();
-        let remaining = items
-            .next()
-            .and_then(|r| r.parse().ok())
-            .ok_or_else(|| Error::corrupt("gate snapshot without remaining"))?;
+        let mut number = |what: &str| {
+            items
+                .next()
+                .and_then(|r| r.parse().ok())
+                .ok_or_else(|| Error::corrupt(format!("gate snapshot without {what}")))
+        };
+        let at_ms = number("time")?;
+        let remaining = number("remaining")?;
         let mut orders = Vec::new();
         while let (Some(order), Some(record)) = (items.next(), items.next()) {
             orders.push((order, OrderRecord::parse(&record)?));
         }
-        Ok(Some(GateSnapshot { remaining, orders }))
+        Ok(Some(GateSnapshot {
+            at_ms,
+            remaining,
+            orders,
+        }))
     }
 
     /// Adds `delta` to the remaining uses of `voucher`'s gate (reconciliation's repair);

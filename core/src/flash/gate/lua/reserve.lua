@@ -1,7 +1,9 @@
 -- Decides one reservation. All or nothing: either every write below happens or none.
 -- KEYS[1] meta, KEYS[2] remaining, KEYS[3] users, KEYS[4] orders
--- ARGV[1] order id, ARGV[2] customer id, ARGV[3] order amount, ARGV[4] now (ms), ARGV[5] ttl (ms)
+-- ARGV[1] order id, ARGV[2] customer id, ARGV[3] order amount, ARGV[4] ttl (ms)
 -- Returns {OUTCOME} or {OUTCOME, record}.
+-- Time is Redis's own (TIME), never the caller's: every core decides the sale window and
+-- the TTL by the same clock, however far its own is off.
 local meta = redis.call('HMGET', KEYS[1], 'per_user_limit', 'starts_ms', 'ends_ms', 'min_order', 'discount')
 if not meta[1] then
   return {'NOT_LOADED'}
@@ -11,7 +13,8 @@ local existing = redis.call('HGET', KEYS[4], ARGV[1])
 if existing then
   return {'EXISTS', existing}
 end
-local now = tonumber(ARGV[4])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 if now < tonumber(meta[2]) then return {'NOT_STARTED'} end
 if now >= tonumber(meta[3]) then return {'EXPIRED'} end
 local amount = tonumber(ARGV[3])
@@ -27,7 +30,8 @@ redis.call('HINCRBY', KEYS[3], ARGV[2], 1)
 -- '%.0f' keeps large integers as digits (tostring would switch to exponent notation).
 local discount = math.min(tonumber(meta[5]), amount)
 -- The last field is when the latest publish of the order's event started.
-local record = table.concat({'P', ARGV[2], ARGV[3], string.format('%.0f', discount), ARGV[4],
-  string.format('%.0f', now + tonumber(ARGV[5])), ARGV[4]}, '|')
+local stamp = string.format('%.0f', now)
+local record = table.concat({'P', ARGV[2], ARGV[3], string.format('%.0f', discount), stamp,
+  string.format('%.0f', now + tonumber(ARGV[4])), stamp}, '|')
 redis.call('HSET', KEYS[4], ARGV[1], record)
 return {'RESERVED', record}
