@@ -72,6 +72,9 @@ impl Route {
         ("delete", "/vouchers/{code}/reservations/{orderId}"),
     ];
 
+    /// Where a core says whether it can serve: the edge balances on it.
+    pub const READINESS_PATH: &'static str = "/readyz";
+
     /// The order-list path the edge fetches for a sold-out voucher.
     pub fn order_ids_path(code: &str) -> String {
         format!("/vouchers/{code}/orders")

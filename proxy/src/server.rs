@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use pingora::lb::health_check::TcpHealthCheck;
+use pingora::http::RequestHeader;
+use pingora::lb::health_check::HttpHealthCheck;
 use pingora::lb::LoadBalancer;
 use pingora::server::configuration::ServerConf;
 use pingora::server::{Server, ShutdownWatch};
@@ -40,6 +41,23 @@ impl BackgroundService for FlagGauge {
     }
 }
 
+/// Cores are balanced on their readiness (`GET /readyz` answers 200), not on an open port:
+/// a core whose database, Redis or broker it cannot use gets no traffic.
+fn readiness_check(settings: &EdgeSettings) -> anyhow::Result<Box<HttpHealthCheck>> {
+    let mut check = HttpHealthCheck::new("voucher-core", false);
+    let mut req = RequestHeader::build(
+        "GET",
+        voucher_contract::Route::READINESS_PATH.as_bytes(),
+        None,
+    )?;
+    req.append_header("Host", "voucher-core")?;
+    check.req = req;
+    check.peer_template.options.connection_timeout = Some(settings.upstream_connect_timeout);
+    check.peer_template.options.read_timeout =
+        Some(settings.upstream_read_timeout.min(Duration::from_secs(2)));
+    Ok(Box::new(check))
+}
+
 /// Builds the server; `run_forever` it.
 pub fn build(settings: EdgeSettings) -> anyhow::Result<Server> {
     let settings = Arc::new(settings);
@@ -53,9 +71,7 @@ pub fn build(settings: EdgeSettings) -> anyhow::Result<Server> {
     server.bootstrap();
 
     let mut upstreams = LoadBalancer::try_from_iter(settings.upstreams.iter().map(String::as_str))?;
-    let mut check = TcpHealthCheck::new();
-    check.peer_template.options.connection_timeout = Some(settings.upstream_connect_timeout);
-    upstreams.set_health_check(check);
+    upstreams.set_health_check(readiness_check(&settings)?);
     upstreams.health_check_frequency = Some(settings.health_check_interval);
     let health = background_service("core health checks", upstreams);
 

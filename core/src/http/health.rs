@@ -16,8 +16,9 @@ pub async fn healthz() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
-/// How recently the consumer monitor must have read the broker for this core to be ready.
-const BROKER_READ_WITHIN: Duration = Duration::from_secs(5);
+/// How recently the consumer monitor must have read the broker for this core to be ready:
+/// several of its rounds, so one slow round on a loaded machine does not flap readiness.
+const BROKER_READ_WITHIN: Duration = Duration::from_secs(15);
 
 /// The service can serve reservations: its database answers, and with flash mode Redis
 /// answers and the broker was read recently. With flash mode the body also says how far
