@@ -46,6 +46,8 @@ pub struct VoucherReport {
     /// Uses taken off the gate's remaining count because it counted fewer uses than
     /// PostgreSQL and the reservations in flight hold (a stale, restored or tampered gate).
     pub repaired: i64,
+    /// Customers whose count the gate held too low, raised to what they hold.
+    pub repaired_customers: usize,
 }
 
 impl Reconciler {
@@ -108,6 +110,7 @@ impl Reconciler {
         let cutoff = snapshot.at_ms.saturating_sub(grace);
         let mut report = VoucherReport::default();
         let mut remaining = snapshot.remaining;
+        let mut users = snapshot.users.clone();
         let mut forgotten = std::collections::HashSet::new();
         for (order, record) in &snapshot.orders {
             if !record.state.holds() {
@@ -135,6 +138,9 @@ impl Reconciler {
                 tracing::warn!(code = %voucher.code, %order_id, reason, "reconciliation gave a use back");
                 self.metrics.reconciled.with_label_values(&[reason]).inc();
                 remaining += 1;
+                if let Some(held) = users.get_mut(&record.customer_id) {
+                    *held -= 1;
+                }
                 if reason == "released_in_db" {
                     report.released += 1;
                 } else {
@@ -152,37 +158,52 @@ impl Reconciler {
             .iter()
             .map(|(o, r)| (o.as_str(), r))
             .collect();
-        let db_active = rows
-            .iter()
-            .filter(|(_, r)| r.status != ReservationStatus::Released)
-            .filter(|(order, r)| {
-                in_snapshot.contains_key(order.as_str())
-                    || r.reserved_at.timestamp_millis() <= cutoff
-            })
-            .count() as i64;
-        let in_flight = snapshot
-            .orders
-            .iter()
-            .filter(|(o, r)| r.state.holds() && !rows.contains_key(o) && !forgotten.contains(o))
-            .count() as i64;
+        let mut legit: HashMap<&str, i64> = HashMap::new();
+        let mut db_active = 0;
+        for (order, r) in &rows {
+            let counts = r.status != ReservationStatus::Released
+                && (in_snapshot.contains_key(order.as_str())
+                    || r.reserved_at.timestamp_millis() <= cutoff);
+            if counts {
+                db_active += 1;
+                *legit.entry(r.customer_id.as_str()).or_default() += 1;
+            }
+        }
+        let mut in_flight = 0;
+        for (order, r) in &snapshot.orders {
+            if r.state.holds() && !rows.contains_key(order) && !forgotten.contains(order) {
+                in_flight += 1;
+                *legit.entry(r.customer_id.as_str()).or_default() += 1;
+            }
+        }
         let gate_used = i64::from(voucher.total_limit) - remaining;
         let drift = gate_used - db_active - in_flight;
-        if drift < 0 {
+        // Customers the gate counts fewer uses for than they hold would pass their limit.
+        let customers: Vec<(String, i64)> = legit
+            .iter()
+            .filter_map(|(customer, held)| {
+                let counted = users.get(*customer).copied().unwrap_or(0);
+                (counted < *held).then(|| ((*customer).to_owned(), held - counted))
+            })
+            .collect();
+        if drift < 0 || !customers.is_empty() {
             // The gate would sell uses PostgreSQL has already given: take them off now.
+            let taken = drift.min(0);
             if self
                 .flash
                 .gate()
-                .adjust_remaining(voucher, drift)
+                .adjust(voucher, taken, &customers)
                 .await?
                 .is_some()
             {
-                tracing::error!(code = %voucher.code, uses = -drift, "gate counted fewer uses than PostgreSQL holds; remaining repaired");
+                tracing::error!(code = %voucher.code, uses = -taken, customers = customers.len(), "gate counted fewer uses than PostgreSQL holds; repaired");
                 self.metrics
                     .reconciled
                     .with_label_values(&["repaired"])
-                    .inc_by(drift.unsigned_abs());
-                report.repaired = -drift;
-                remaining += drift;
+                    .inc_by(taken.unsigned_abs());
+                report.repaired = -taken;
+                report.repaired_customers = customers.len();
+                remaining += taken;
             }
         }
         report.drift = i64::from(voucher.total_limit) - remaining - db_active - in_flight;

@@ -660,3 +660,38 @@ async fn reconciliation_repairs_a_gate_that_counts_fewer_uses_than_postgresql() 
     );
     env.finish(&sale.accepted()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reconciliation_restores_a_customer_count_the_gate_lost() {
+    let env = FlashStack::start().await;
+    let app = env.app();
+    app.given_voucher(flash_voucher("CUST", 10, 1)).await;
+    let first = app.attempt("CUST", "alice", "a-1", 100_000).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    env.caught_up().await;
+
+    // Redis loses alice's count (eviction of one field, a partial restore).
+    let client = redis::Client::open(crate::stack::REDIS_URL).expect("redis url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    let _: i64 = redis::cmd("HDEL")
+        .arg(format!("{}{{CUST}}:users", env.key_prefix()))
+        .arg("alice")
+        .query_async(&mut conn)
+        .await
+        .expect("deleted");
+
+    let reports = reconciler(&env)
+        .run_once()
+        .await
+        .expect("reconciliation runs");
+    let report = reports[0].1.clone().expect("caught up and loaded");
+
+    assert_eq!(report.repaired_customers, 1, "{report:?}");
+    assert_eq!((report.repaired, report.drift), (0, 0), "{report:?}");
+    let again = app.reserve("CUST", "alice", "a-2", 100_000).await;
+    assert_error(again, StatusCode::CONFLICT, "ALREADY_USED").await;
+    env.finish(&[first.accepted()]).await;
+}

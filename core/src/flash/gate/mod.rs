@@ -90,6 +90,8 @@ pub struct GateSnapshot {
     /// When it was read, by Redis's clock (the clock of the records' times).
     pub at_ms: i64,
     pub remaining: i64,
+    /// Uses each customer holds, as the gate counts them.
+    pub users: std::collections::HashMap<String, i64>,
     pub orders: Vec<(String, OrderRecord)>,
 }
 
@@ -385,6 +387,7 @@ impl Gate {
             .snapshot
             .key(&k.meta)
             .key(&k.remaining)
+            .key(&k.users)
             .key(&k.orders)
             .invoke_async(&mut self.conn.clone())
             .await
@@ -402,6 +405,14 @@ impl Gate {
         };
         let at_ms = number("time")?;
         let remaining = number("remaining")?;
+        let customers = number("customer count")?;
+        let mut users = std::collections::HashMap::new();
+        for _ in 0..customers {
+            match (items.next(), items.next().and_then(|n| n.parse().ok())) {
+                (Some(customer), Some(count)) => users.insert(customer, count),
+                _ => return Err(Error::corrupt("gate snapshot with a short customer list")),
+            };
+        }
         let mut orders = Vec::new();
         while let (Some(order), Some(record)) = (items.next(), items.next()) {
             orders.push((order, OrderRecord::parse(&record)?));
@@ -409,21 +420,33 @@ impl Gate {
         Ok(Some(GateSnapshot {
             at_ms,
             remaining,
+            users,
             orders,
         }))
     }
 
-    /// Adds `delta` to the remaining uses of `voucher`'s gate (reconciliation's repair);
-    /// the new count, or `None` when the gate is not loaded for this voucher.
-    #[tracing::instrument(name = "gate.adjust", skip(self, voucher), fields(code = %voucher.code))]
-    pub async fn adjust_remaining(&self, voucher: &Voucher, delta: i64) -> Result<Option<i64>> {
+    /// Adds `remaining` to the remaining uses of `voucher`'s gate and each customer's delta
+    /// to its count (reconciliation's repair); the new remaining count, or `None` when the
+    /// gate is not loaded for this voucher.
+    #[tracing::instrument(name = "gate.adjust", skip(self, voucher, customers), fields(code = %voucher.code))]
+    pub async fn adjust(
+        &self,
+        voucher: &Voucher,
+        remaining: i64,
+        customers: &[(String, i64)],
+    ) -> Result<Option<i64>> {
         let k = self.keys(&voucher.code);
-        self.scripts
-            .adjust
+        let mut invocation = self.scripts.adjust.prepare_invoke();
+        invocation
             .key(&k.meta)
             .key(&k.remaining)
-            .arg(delta)
-            .arg(identity(voucher))
+            .key(&k.users)
+            .arg(remaining)
+            .arg(identity(voucher));
+        for (customer, delta) in customers {
+            invocation.arg(customer).arg(*delta);
+        }
+        invocation
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(redis_down)
