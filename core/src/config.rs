@@ -193,6 +193,11 @@ pub struct KafkaSettings {
     /// How often every core compares the topic with what is written (lag metrics, readiness).
     #[serde(with = "humantime_serde")]
     pub monitor_interval: Duration,
+    /// How long a writer's fetch waits at the broker for new events (`fetch.wait.max.ms`):
+    /// shorter writes a fresh reservation sooner (confirm waits for its row), longer costs
+    /// the broker less while partitions are idle.
+    #[serde(with = "humantime_serde")]
+    pub fetch_wait: Duration,
 }
 
 impl Default for KafkaSettings {
@@ -210,6 +215,7 @@ impl Default for KafkaSettings {
             takeover_interval: Duration::from_secs(1),
             owner_timeout: Duration::from_secs(10),
             monitor_interval: Duration::from_secs(1),
+            fetch_wait: Duration::from_millis(100),
         }
     }
 }

@@ -188,7 +188,10 @@ impl EventConsumer {
             .set("enable.auto.offset.store", "false")
             // Confirm and release wait for the consumer to write a fresh reservation: a
             // fetch that idles for librdkafka's default 500 ms would show in their latency.
-            .set("fetch.wait.max.ms", "10")
+            .set(
+                "fetch.wait.max.ms",
+                self.settings.fetch_wait.as_millis().to_string(),
+            )
             .create()?;
         let mut assignment = TopicPartitionList::new();
         assignment.add_partition_offset(&self.settings.topic, partition, start)?;
