@@ -215,7 +215,7 @@ impl Default for KafkaSettings {
             takeover_interval: Duration::from_secs(1),
             owner_timeout: Duration::from_secs(10),
             monitor_interval: Duration::from_secs(1),
-            fetch_wait: Duration::from_millis(100),
+            fetch_wait: Duration::from_millis(10),
         }
     }
 }
