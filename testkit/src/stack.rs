@@ -449,6 +449,15 @@ impl FlashStack {
     }
 }
 
+/// A connection to the tests' Redis, for tests that inspect or damage the gate by hand.
+pub async fn redis_connection() -> redis::aio::MultiplexedConnection {
+    redis::Client::open(REDIS_URL)
+        .expect("redis url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis reachable")
+}
+
 /// Deletes every Redis key under `prefix` (each test's own).
 pub async fn delete_keys(prefix: &str) {
     let Ok(client) = redis::Client::open(REDIS_URL) else {

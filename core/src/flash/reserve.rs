@@ -196,20 +196,13 @@ impl FlashPath {
         mut record: OrderRecord,
     ) -> Result<Reservation> {
         let (code, order_id) = (&request.voucher_code, &request.order_id);
-        let marked = self
-            .inner
-            .gate
-            .mark(
-                code,
-                order_id,
-                &[RecordState::Pending],
-                RecordState::Accepted,
-                false,
-            )
-            .await;
-        if let Err(e) = marked {
-            tracing::warn!(error = %e.chain(), "cannot mark the record accepted");
-        }
+        self.mark_best_effort(
+            code,
+            order_id,
+            &[RecordState::Pending],
+            RecordState::Accepted,
+        )
+        .await;
         record.state = RecordState::Accepted;
         record.reservation(code, order_id)
     }

@@ -14,20 +14,15 @@ impl FlashPath {
         let confirmed = self
             .when_recorded(code, order_id, || self.inner.store.confirm(code, order_id))
             .await?;
-        let marked = self
-            .inner
-            .gate
-            .mark(
-                code,
-                order_id,
-                &[RecordState::Pending, RecordState::Accepted],
-                RecordState::Confirmed,
-                false,
-            )
-            .await;
-        if let Err(e) = marked {
-            tracing::warn!(error = %e.chain(), "confirmed in PostgreSQL; gate record not updated");
-        }
+        // PostgreSQL decided. If Redis fails here the record stays a step behind (a retry of
+        // the order then reports RESERVED, not CONFIRMED); it holds the use either way.
+        self.mark_best_effort(
+            code,
+            order_id,
+            &[RecordState::Pending, RecordState::Accepted],
+            RecordState::Confirmed,
+        )
+        .await;
         Ok(confirmed)
     }
 
@@ -37,6 +32,20 @@ impl FlashPath {
             .await?;
         self.released_in_db(code, order_id).await;
         Ok(released)
+    }
+
+    /// Moves the order's gate record to `to` after the decision was made elsewhere (the
+    /// broker's ack, PostgreSQL's confirm); a failure here is logged, not raised.
+    pub(super) async fn mark_best_effort(
+        &self,
+        code: &VoucherCode,
+        order_id: &OrderId,
+        from: &[RecordState],
+        to: RecordState,
+    ) {
+        if let Err(e) = self.inner.gate.mark(code, order_id, from, to, false).await {
+            tracing::warn!(error = %e.chain(), %order_id, ?to, "gate record not updated");
+        }
     }
 
     /// Runs `op` on the order's row; while the row is not written yet but the gate holds the

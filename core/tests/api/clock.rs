@@ -11,7 +11,7 @@ use reqwest::StatusCode;
 use voucher_core::domain::{OrderId, VoucherCode};
 
 use crate::helpers::{rfc3339, voucher_body, TestEnv};
-use crate::stack::{flash_voucher, CoreProcess, FlashStack, REDIS_URL};
+use crate::stack::{flash_voucher, CoreProcess, FlashStack};
 
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
 
@@ -92,11 +92,7 @@ async fn flash_records_carry_the_time_of_redis() {
         .given_voucher(flash_voucher("CLKF", 10, 1))
         .await;
 
-    let client = redis::Client::open(REDIS_URL).expect("redis url");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("redis");
+    let mut conn = crate::stack::redis_connection().await;
     let (secs, micros): (i64, i64) = redis::cmd("TIME")
         .query_async(&mut conn)
         .await

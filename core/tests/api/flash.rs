@@ -575,11 +575,7 @@ async fn a_rebuilt_gate_claims_its_orders_again() {
 
 /// Deletes every orderId claim under `prefix`.
 async fn delete_claims(prefix: &str) {
-    let client = redis::Client::open(crate::stack::REDIS_URL).expect("redis url");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("redis");
+    let mut conn = crate::stack::redis_connection().await;
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{prefix}order-owner:*"))
         .query_async(&mut conn)
@@ -624,11 +620,7 @@ async fn reconciliation_repairs_a_gate_that_counts_fewer_uses_than_postgresql() 
 
     // The gate goes wrong behind our back (restored from an older snapshot, tampered):
     // three uses appear that PostgreSQL has already given.
-    let client = redis::Client::open(crate::stack::REDIS_URL).expect("redis url");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("redis");
+    let mut conn = crate::stack::redis_connection().await;
     let _: i64 = redis::cmd("INCRBY")
         .arg(format!("{}{{STALE}}:remaining", env.key_prefix()))
         .arg(3)
@@ -671,11 +663,7 @@ async fn reconciliation_restores_a_customer_count_the_gate_lost() {
     env.caught_up().await;
 
     // Redis loses alice's count (eviction of one field, a partial restore).
-    let client = redis::Client::open(crate::stack::REDIS_URL).expect("redis url");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("redis");
+    let mut conn = crate::stack::redis_connection().await;
     let _: i64 = redis::cmd("HDEL")
         .arg(format!("{}{{CUST}}:users", env.key_prefix()))
         .arg("alice")
