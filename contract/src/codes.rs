@@ -24,13 +24,11 @@ pub enum ErrorCode {
     Internal,
     /// The edge could not read the request.
     BadRequest,
-    /// The edge reached a core but got no answer from it.
-    BadGateway,
 }
 
 impl ErrorCode {
     /// Every code, for documents and tests.
-    pub const ALL: [ErrorCode; 21] = [
+    pub const ALL: [ErrorCode; 20] = [
         Self::InvalidRequest,
         Self::MalformedJson,
         Self::UnsupportedMediaType,
@@ -51,7 +49,6 @@ impl ErrorCode {
         Self::ServiceUnavailable,
         Self::Internal,
         Self::BadRequest,
-        Self::BadGateway,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -76,7 +73,6 @@ impl ErrorCode {
             Self::ServiceUnavailable => "SERVICE_UNAVAILABLE",
             Self::Internal => "INTERNAL",
             Self::BadRequest => "BAD_REQUEST",
-            Self::BadGateway => "BAD_GATEWAY",
         }
     }
 

@@ -310,12 +310,18 @@ impl ProxyHttp for Edge {
             _ if e.esource() == &pingora::ErrorSource::Downstream => {
                 (400, ErrorCode::BadRequest, "the request could not be read")
             }
+            // Every core failed this request. Not a 502: the client did nothing wrong and
+            // every call is idempotent, so the answer is "try again", as for no core at all.
             _ => {
                 self.metrics
                     .upstream_errors
                     .with_label_values(&["proxy"])
                     .inc();
-                (502, ErrorCode::BadGateway, "the core did not answer")
+                (
+                    503,
+                    ErrorCode::ServiceUnavailable,
+                    "no core answered; retry the same request",
+                )
             }
         };
         ctx.outcome = "upstream_error";

@@ -192,13 +192,26 @@ pub async fn check_with_gate(
     accepted: &[Accepted],
 ) -> anyhow::Result<Report> {
     let mut report = check(pool, accepted).await?;
+    check_gates(pool, gate, None, &mut report).await?;
+    Ok(report)
+}
+
+/// Invariant 5 for the flash voucher `code` alone (or every flash voucher), added to
+/// `report`: its gate's remaining count equals total_limit minus the active rows.
+pub async fn check_gates(
+    pool: &PgPool,
+    gate: &Gate,
+    code: Option<&str>,
+    report: &mut Report,
+) -> anyhow::Result<()> {
     let rows: Vec<(String, i32, i64)> = sqlx::query_as(
         "SELECT v.code, v.total_limit,
                 count(r.id) FILTER (WHERE r.status IN ('RESERVED', 'CONFIRMED')) AS active
          FROM vouchers v LEFT JOIN redemptions r ON r.voucher_code = v.code
-         WHERE v.mode = 'flash'
+         WHERE v.mode = 'flash' AND ($1::text IS NULL OR v.code = $1)
          GROUP BY v.code",
     )
+    .bind(code)
     .fetch_all(pool)
     .await?;
     for (code, total_limit, active) in rows {
@@ -214,5 +227,5 @@ pub async fn check_with_gate(
                 .push(format!("5: voucher {code}: gate not loaded")),
         }
     }
-    Ok(report)
+    Ok(())
 }

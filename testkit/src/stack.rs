@@ -69,6 +69,21 @@ impl Broker {
         .await;
     }
 
+    /// Freezes the broker (SIGSTOP): connections stay open and nothing answers, as in a
+    /// long garbage-collection pause or a stalled disk.
+    pub fn pause(&self) {
+        if let Some(child) = &self.child {
+            signal(child.id(), "STOP");
+        }
+    }
+
+    /// Lets a paused broker go on (SIGCONT).
+    pub fn unpause(&self) {
+        if let Some(child) = &self.child {
+            signal(child.id(), "CONT");
+        }
+    }
+
     /// Kills the broker at once, as a crash would.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -110,7 +125,10 @@ pub fn flash_settings(db_url: &str, broker: &Broker, tag: &str) -> Settings {
 
 /// The edge binary, configured by a YAML file of the test's own. Killed when dropped.
 pub struct EdgeProcess {
-    child: Child,
+    child: Option<Child>,
+    binary: std::path::PathBuf,
+    config: std::path::PathBuf,
+    port: u16,
     pub api: ApiClient,
     pub metrics_base: String,
     _dir: TempDir,
@@ -118,10 +136,21 @@ pub struct EdgeProcess {
 
 impl EdgeProcess {
     /// Starts `binary` in front of `upstreams`, listening for availability on the channel
-    /// of `key_prefix`, with sold-out flags that live `sold_out_ttl`.
+    /// of `key_prefix` on the tests' Redis, with sold-out flags that live `sold_out_ttl`.
     pub async fn start(
         binary: &Path,
         upstreams: &[&str],
+        key_prefix: &str,
+        sold_out_ttl: Duration,
+    ) -> Self {
+        Self::start_on(binary, upstreams, REDIS_URL, key_prefix, sold_out_ttl).await
+    }
+
+    /// [`EdgeProcess::start`] with the Redis at `redis_url`.
+    pub async fn start_on(
+        binary: &Path,
+        upstreams: &[&str],
+        redis_url: &str,
         key_prefix: &str,
         sold_out_ttl: Duration,
     ) -> Self {
@@ -137,27 +166,39 @@ impl EdgeProcess {
             "health_check_interval": "100ms",
             "upstream_connect_timeout": "300ms",
             "client_timeout": "1s",
-            "redis_url": REDIS_URL,
+            "redis_url": redis_url,
             "key_prefix": key_prefix,
             "threads": 2,
         });
         // JSON is YAML.
         let path = dir.0.join("edge.yaml");
         std::fs::write(&path, config.to_string()).expect("config written");
-        let child = Command::new(binary)
-            .env("EDGE_CONFIG", &path)
+        let mut edge = Self {
+            child: None,
+            binary: binary.to_owned(),
+            config: path,
+            port,
+            api: ApiClient::new(format!("http://127.0.0.1:{port}")),
+            metrics_base: format!("http://127.0.0.1:{metrics_port}"),
+            _dir: dir,
+        };
+        edge.restart().await;
+        edge
+    }
+
+    /// Starts the process (again, after [`EdgeProcess::kill`]) with the same configuration.
+    pub async fn restart(&mut self) {
+        self.kill();
+        let child = Command::new(&self.binary)
+            .env("EDGE_CONFIG", &self.config)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("edge starts");
         // Owned at once, so that a failed start still kills and reaps the process.
-        let edge = Self {
-            child,
-            api: ApiClient::new(format!("http://127.0.0.1:{port}")),
-            metrics_base: format!("http://127.0.0.1:{metrics_port}"),
-            _dir: dir,
-        };
+        self.child = Some(child);
+        let port = self.port;
         eventually(Duration::from_secs(10), "the edge to listen", || async {
             tokio::net::TcpStream::connect(("127.0.0.1", port))
                 .await
@@ -166,7 +207,14 @@ impl EdgeProcess {
         .await;
         // Let the first health check mark the cores up.
         tokio::time::sleep(Duration::from_millis(300)).await;
-        edge
+    }
+
+    /// Kills the process at once (SIGKILL), as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     pub async fn metrics_text(&self) -> String {
@@ -180,18 +228,22 @@ impl EdgeProcess {
 
 impl Drop for EdgeProcess {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill();
     }
 }
 
 /// The core binary as a process of its own (configured by environment variables alone, as a
 /// container would be), with extra environment (e.g. libfaketime preloaded). Killed when
-/// dropped.
+/// dropped; restarted on the same ports, so an edge in front finds it again.
 pub struct CoreProcess {
-    child: Child,
+    child: Option<Child>,
+    binary: std::path::PathBuf,
+    env: Vec<(String, String)>,
+    port: u16,
     pub api: ApiClient,
-    /// Its log, to read when it misbehaves.
+    /// Where its metrics are served.
+    pub metrics_base: String,
+    /// Its log, to read when it misbehaves (appended to across restarts).
     pub log: std::path::PathBuf,
     _dir: TempDir,
 }
@@ -199,65 +251,58 @@ pub struct CoreProcess {
 impl CoreProcess {
     /// Starts `binary` with `settings` (its listeners on fresh ports) and `extra_env`.
     pub async fn start(binary: &Path, settings: &Settings, extra_env: &[(&str, &str)]) -> Self {
-        use secrecy::ExposeSecret;
-        let port = free_port();
-        let mut env: Vec<(String, String)> = vec![
-            ("HTTP__LISTEN".into(), format!("127.0.0.1:{port}")),
-            (
-                "HTTP__METRICS_LISTEN".into(),
-                format!("127.0.0.1:{}", free_port()),
-            ),
-            (
-                "DATABASE__URL".into(),
-                settings.database.url.expose_secret().to_owned(),
-            ),
-            ("ADMIN__TOKEN".into(), ADMIN_TOKEN.into()),
-            (
-                "RESERVATIONS__EXPIRY_ENABLED".into(),
-                settings.reservations.expiry_enabled.to_string(),
-            ),
-            (
-                "FLASH__RECONCILE_ENABLED".into(),
-                settings.flash.reconcile_enabled.to_string(),
-            ),
-            (
-                "FLASH__RECONCILE_GRACE".into(),
-                format!("{}ms", settings.flash.reconcile_grace.as_millis()),
-            ),
-        ];
-        if let Some(redis) = &settings.redis {
-            env.push(("REDIS__URL".into(), redis.url.expose_secret().to_owned()));
-            env.push(("REDIS__KEY_PREFIX".into(), redis.key_prefix.clone()));
-        }
-        if let Some(kafka) = &settings.kafka {
-            env.push(("KAFKA__BROKERS".into(), kafka.brokers.clone()));
-            env.push(("KAFKA__TOPIC".into(), kafka.topic.clone()));
-            env.push(("KAFKA__GROUP".into(), kafka.group.clone()));
-            env.push(("KAFKA__CONSUME".into(), kafka.consume.to_string()));
-            env.push((
-                "KAFKA__MESSAGE_TIMEOUT".into(),
-                format!("{}ms", kafka.message_timeout.as_millis()),
-            ));
-        }
+        let (port, metrics_port) = (free_port(), free_port());
+        let mut env = core_env(settings);
+        env.push(("VOUCHER__HTTP__LISTEN".into(), format!("127.0.0.1:{port}")));
+        env.push((
+            "VOUCHER__HTTP__METRICS_LISTEN".into(),
+            format!("127.0.0.1:{metrics_port}"),
+        ));
+        env.extend(
+            extra_env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
         let dir = TempDir::new("core");
-        let log = dir.0.join("core.log");
-        let file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(binary)
+        let mut core = Self {
+            child: None,
+            binary: binary.to_owned(),
+            env,
+            port,
+            api: ApiClient::new(format!("http://127.0.0.1:{port}")),
+            metrics_base: format!("http://127.0.0.1:{metrics_port}"),
+            log: dir.0.join("core.log"),
+            _dir: dir,
+        };
+        core.restart().await;
+        core
+    }
+
+    /// `host:port` of its API.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Starts the process (again, after [`CoreProcess::kill`]) with the same settings and
+    /// ports, and waits until it listens.
+    pub async fn restart(&mut self) {
+        self.kill();
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("log file");
+        let child = Command::new(&self.binary)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("RUST_LOG", "info")
-            .envs(env.into_iter().map(|(k, v)| (format!("VOUCHER__{k}"), v)))
-            .envs(extra_env.iter().copied())
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(file.try_clone().expect("log file"))
             .stderr(file)
             .spawn()
-            .unwrap_or_else(|e| panic!("{} starts: {e}", binary.display()));
-        let core = Self {
-            child,
-            api: ApiClient::new(format!("http://127.0.0.1:{port}")),
-            log,
-            _dir: dir,
-        };
+            .unwrap_or_else(|e| panic!("{} starts: {e}", self.binary.display()));
+        self.child = Some(child);
+        let port = self.port;
         let listening = tokio::time::timeout(Duration::from_secs(30), async {
             while tokio::net::TcpStream::connect(("127.0.0.1", port))
                 .await
@@ -268,17 +313,179 @@ impl CoreProcess {
         })
         .await;
         if listening.is_err() {
-            let text = std::fs::read_to_string(&core.log).unwrap_or_default();
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
             panic!("the core process did not listen within 30 s; its log:\n{text}");
         }
-        core
     }
+
+    /// Kills the process at once (SIGKILL), as a crash or an OOM kill would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Freezes the process (SIGSTOP), as a long pause of its VM or container would.
+    pub fn pause(&self) {
+        if let Some(child) = &self.child {
+            signal(child.id(), "STOP");
+        }
+    }
+
+    /// Lets a paused process go on (SIGCONT).
+    pub fn unpause(&self) {
+        if let Some(child) = &self.child {
+            signal(child.id(), "CONT");
+        }
+    }
+
+    pub async fn metrics(&self) -> Metrics {
+        Metrics::parse(&metrics_text(&self.api.client, &self.metrics_base).await)
+    }
+}
+
+/// The environment that configures a core process like `settings` (listeners excepted).
+fn core_env(settings: &Settings) -> Vec<(String, String)> {
+    use secrecy::ExposeSecret;
+    let ms = |d: Duration| format!("{}ms", d.as_millis());
+    let mut env: Vec<(String, String)> = vec![
+        (
+            "DATABASE__URL".into(),
+            settings.database.url.expose_secret().to_owned(),
+        ),
+        ("ADMIN__TOKEN".into(), ADMIN_TOKEN.into()),
+        (
+            "RESERVATIONS__EXPIRY_ENABLED".into(),
+            settings.reservations.expiry_enabled.to_string(),
+        ),
+        (
+            "FLASH__RECONCILE_ENABLED".into(),
+            settings.flash.reconcile_enabled.to_string(),
+        ),
+        (
+            "FLASH__RECONCILE_INTERVAL".into(),
+            ms(settings.flash.reconcile_interval),
+        ),
+        (
+            "FLASH__RECONCILE_GRACE".into(),
+            ms(settings.flash.reconcile_grace),
+        ),
+    ];
+    if let Some(redis) = &settings.redis {
+        env.push(("REDIS__URL".into(), redis.url.expose_secret().to_owned()));
+        env.push(("REDIS__KEY_PREFIX".into(), redis.key_prefix.clone()));
+    }
+    if let Some(kafka) = &settings.kafka {
+        env.push(("KAFKA__BROKERS".into(), kafka.brokers.clone()));
+        env.push(("KAFKA__TOPIC".into(), kafka.topic.clone()));
+        env.push(("KAFKA__GROUP".into(), kafka.group.clone()));
+        env.push(("KAFKA__CONSUME".into(), kafka.consume.to_string()));
+        env.push(("KAFKA__MESSAGE_TIMEOUT".into(), ms(kafka.message_timeout)));
+    }
+    env.into_iter()
+        .map(|(k, v)| (format!("VOUCHER__{k}"), v))
+        .collect()
 }
 
 impl Drop for CoreProcess {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill();
+    }
+}
+
+/// Sends `SIG<name>` to `pid` with kill(1) (the workspace forbids `unsafe`, so no libc).
+pub fn signal(pid: u32, name: &str) {
+    let _ = Command::new("kill")
+        .args([format!("-{name}"), pid.to_string()])
+        .status();
+}
+
+/// A Redis server of its own (on a free port, its snapshot in a temporary directory), for
+/// faults the shared Redis must not suffer: restarts, snapshots restored, FLUSHALL.
+pub struct RedisServer {
+    pub port: u16,
+    dir: TempDir,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    pub async fn start() -> Self {
+        let mut server = Self {
+            port: free_port(),
+            dir: TempDir::new("redis"),
+            child: None,
+        };
+        server.restart().await;
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Starts the server (again), loading `dump.rdb` if a snapshot was taken. Nothing is
+    /// saved on its own: only [`RedisServer::snapshot`] writes one.
+    pub async fn restart(&mut self) {
+        self.kill();
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dbfilename",
+                "dump.rdb",
+            ])
+            .arg("--dir")
+            .arg(&self.dir.0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed");
+        self.child = Some(child);
+        let url = self.url();
+        eventually(Duration::from_secs(10), "redis-server to answer", || {
+            let url = url.clone();
+            async move {
+                let client = redis::Client::open(url).ok()?;
+                let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+                redis::cmd("PING")
+                    .query_async::<String>(&mut conn)
+                    .await
+                    .ok()
+            }
+        })
+        .await;
+    }
+
+    /// Writes a snapshot now (SAVE): what a restart loads until the next one.
+    pub async fn snapshot(&self) -> anyhow::Result<()> {
+        let mut conn = redis::Client::open(self.url())?
+            .get_multiplexed_async_connection()
+            .await?;
+        redis::cmd("SAVE").query_async::<()>(&mut conn).await?;
+        Ok(())
+    }
+
+    /// Deletes the snapshot, so the next restart starts empty.
+    pub fn forget_snapshot(&self) {
+        let _ = std::fs::remove_file(self.dir.0.join("dump.rdb"));
+    }
+
+    /// Kills the server at once (SIGKILL): whatever it held in memory is gone.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
     }
 }
 

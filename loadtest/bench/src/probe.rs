@@ -61,8 +61,9 @@ impl Stack {
     }
 
     /// What a sale is charged with, read before and after it: OUT_OF_STOCK answers of the
-    /// cores (requests that got past the edge), database commits, consumer transactions.
-    pub async fn sale_counters(&self) -> anyhow::Result<(f64, i64, f64)> {
+    /// cores (requests that got past the edge), database commits, transactions that wrote,
+    /// consumer transactions.
+    pub async fn sale_counters(&self) -> anyhow::Result<(f64, i64, i64, f64)> {
         Ok((
             self.core_counter(
                 "http_requests_total",
@@ -73,6 +74,7 @@ impl Stack {
             )
             .await?,
             self.xact_commit().await?,
+            self.next_xid().await?,
             self.core_counter("voucher_consumer_transactions_total", &[])
                 .await?,
         ))
@@ -88,6 +90,18 @@ impl Stack {
         )
         .fetch_one(&self.db)
         .await?)
+    }
+
+    /// The next transaction id PostgreSQL will assign: only transactions that write take one
+    /// (read-only ones, like the services' progress reads, do not), so the difference over
+    /// a sale counts the writing transactions, of the whole server (the benchmark runs
+    /// alone on it). Reading it takes no id.
+    pub async fn next_xid(&self) -> anyhow::Result<i64> {
+        Ok(
+            sqlx::query_scalar("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint")
+                .fetch_one(&self.db)
+                .await?,
+        )
     }
 
     /// Rows and used_count of a voucher in PostgreSQL.

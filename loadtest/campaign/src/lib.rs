@@ -1,0 +1,89 @@
+//! The seeded fault campaign (`loadtest/campaign.sh`): rounds of paced flash sales through
+//! the edge, one fault per round chosen by the seed, the invariants checked after each.
+//!
+//! - [`stack`]: the stack of `scripts/up.sh`, every piece of the campaign's own;
+//! - [`fault`]: the faults, struck and healed;
+//! - [`round`]: one round: the voucher, the customers, the fault, the checks;
+//! - [`report`]: the table per fault and the verdict;
+//! - [`rng`]: the seed's one source of chance.
+
+pub mod fault;
+pub mod report;
+pub mod rng;
+pub mod round;
+pub mod stack;
+
+use fault::Fault;
+use rng::Rng;
+use round::{RoundOutcome, RoundPlan, RoundSize};
+use stack::{Binaries, CampaignStack};
+
+/// A campaign: `rounds` rounds of `size`, each with a fault drawn from `faults` by `seed`.
+#[derive(Debug, Clone)]
+pub struct Campaign {
+    pub seed: u64,
+    pub rounds: usize,
+    pub faults: Vec<Fault>,
+    pub size: RoundSize,
+}
+
+impl Campaign {
+    /// The rounds as the seed draws them: the same seed, the same campaign.
+    pub fn plans(&self) -> Vec<RoundPlan> {
+        let mut rng = Rng::new(self.seed);
+        (0..self.rounds)
+            .map(|i| {
+                let fault = self.faults[rng.between(0, self.faults.len() as u64) as usize];
+                RoundPlan::draw(i, fault, self.size, &mut rng)
+            })
+            .collect()
+    }
+
+    /// Runs every round on one stack; `progress` hears of each round as it ends.
+    pub async fn run(
+        &self,
+        binaries: &Binaries,
+        progress: impl FnMut(&RoundOutcome),
+    ) -> anyhow::Result<Vec<RoundOutcome>> {
+        anyhow::ensure!(!self.faults.is_empty(), "no faults to choose from");
+        run_plans(binaries, self.plans(), progress).await
+    }
+}
+
+/// Runs `plans` in order on one stack of their own.
+pub async fn run_plans(
+    binaries: &Binaries,
+    plans: Vec<RoundPlan>,
+    mut progress: impl FnMut(&RoundOutcome),
+) -> anyhow::Result<Vec<RoundOutcome>> {
+    let mut stack = CampaignStack::start(binaries, 2).await?;
+    let mut outcomes = Vec::with_capacity(plans.len());
+    for plan in plans {
+        // A round that cannot even run (the stack did not come back) fails, and the
+        // campaign goes on: the next rounds show whether the stack recovers.
+        let outcome = match round::run(&mut stack, plan.clone()).await {
+            Ok(outcome) => outcome,
+            Err(e) => RoundOutcome::broken(plan, format!("the round could not run: {e:#}")),
+        };
+        if !outcome.passed() {
+            keep_logs(&stack, &outcome);
+        }
+        progress(&outcome);
+        outcomes.push(outcome);
+    }
+    stack.tear_down().await;
+    Ok(outcomes)
+}
+
+/// Copies the cores' logs of a failed round into `CAMPAIGN_LOGS` (when set), to read later.
+fn keep_logs(stack: &CampaignStack, outcome: &RoundOutcome) {
+    let Ok(dir) = std::env::var("CAMPAIGN_LOGS") else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    let _ = std::fs::create_dir_all(&dir);
+    for (k, core) in stack.cores.iter().enumerate() {
+        let name = format!("round-{}-core-{k}.log", outcome.plan.index);
+        let _ = std::fs::copy(&core.log, dir.join(name));
+    }
+}

@@ -1,0 +1,423 @@
+//! One round: a flash voucher, a paced sale through the edge by customers who retry their
+//! own orderId, one fault struck and healed during it, then the checks.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::json;
+use voucher_testkit::helpers::ApiClient;
+use voucher_testkit::invariants::{self, Accepted, Report};
+use voucher_testkit::stack::flash_voucher;
+
+use crate::fault::Fault;
+use crate::rng::Rng;
+use crate::stack::{CampaignStack, RECONCILE_GRACE, RECONCILE_INTERVAL};
+
+/// How long after the later of its 201 and the fault's end a row may take to appear.
+pub const ROW_BOUND: Duration = Duration::from_secs(15);
+/// How long after the fault's end the invariants, drift included, may take to hold: the
+/// grace plus a few reconciliation rounds and a consumer catching up.
+pub fn settle_bound() -> Duration {
+    RECONCILE_GRACE + 5 * RECONCILE_INTERVAL + Duration::from_secs(10)
+}
+/// A customer retries a 503 or a lost connection this often, for as long as the round lasts.
+const RETRY_PAUSE: Duration = Duration::from_millis(150);
+
+/// The size of every round of a campaign.
+#[derive(Debug, Clone, Copy)]
+pub struct RoundSize {
+    /// Uses of the round's voucher.
+    pub limit: i64,
+    /// Customers arriving (three per use: the sale sells out).
+    pub customers: usize,
+    /// Arrivals are spread evenly over this.
+    pub sale: Duration,
+}
+
+impl RoundSize {
+    pub const FULL: RoundSize = RoundSize {
+        limit: 100,
+        customers: 300,
+        sale: Duration::from_secs(3),
+    };
+    pub const SHORT: RoundSize = RoundSize {
+        limit: 30,
+        customers: 90,
+        sale: Duration::from_millis(1500),
+    };
+}
+
+/// A round as the seed draws it.
+#[derive(Debug, Clone)]
+pub struct RoundPlan {
+    pub index: usize,
+    pub fault: Fault,
+    pub size: RoundSize,
+    /// When the fault strikes, from the first arrival.
+    pub fault_at: Duration,
+    /// How long it lasts before it is healed.
+    pub fault_for: Duration,
+    pub seed: u64,
+}
+
+impl RoundPlan {
+    pub fn draw(index: usize, fault: Fault, size: RoundSize, rng: &mut Rng) -> Self {
+        let sale_ms = size.sale.as_millis() as u64;
+        Self {
+            index,
+            fault,
+            size,
+            fault_at: Duration::from_millis(rng.between(sale_ms / 10, sale_ms * 2 / 3)),
+            fault_for: Duration::from_millis(rng.between(1000, 3000)),
+            seed: rng.next_u64(),
+        }
+    }
+}
+
+/// What a round found.
+#[derive(Debug, Clone)]
+pub struct RoundOutcome {
+    pub plan: RoundPlan,
+    pub violations: Vec<String>,
+    /// 201s the customers hold at the end (accepted and not released).
+    pub held: usize,
+    pub released: usize,
+    /// Answers of 503 the customers retried through.
+    pub unavailable: usize,
+    /// From the fault's end until the invariants held, drift 0 included.
+    pub recovered_in: Option<Duration>,
+    /// The longest any 201 waited for its row, from the later of the 201 and the fault's end.
+    pub worst_row_wait: Duration,
+    /// Uses nobody holds when the sale is over, though three customers came for each.
+    pub unsold: i64,
+}
+
+impl RoundOutcome {
+    /// A round that could not run to its end.
+    pub fn broken(plan: RoundPlan, why: String) -> Self {
+        Self {
+            violations: vec![why],
+            held: 0,
+            released: 0,
+            unavailable: 0,
+            recovered_in: None,
+            worst_row_wait: Duration::ZERO,
+            unsold: plan.size.limit,
+            plan,
+        }
+    }
+
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty()
+    }
+}
+
+/// One customer's checkout as the client saw it.
+#[derive(Debug, Clone)]
+struct Checkout {
+    customer: String,
+    order: String,
+    status: u16,
+    /// Every status answered on the way (0: no answer, the connection failed).
+    answers: Vec<u16>,
+    accepted_at: Option<Instant>,
+    released: bool,
+}
+
+pub async fn run(stack: &mut CampaignStack, plan: RoundPlan) -> anyhow::Result<RoundOutcome> {
+    let mut rng = Rng::new(plan.seed);
+    let code = format!("R{}X{:08X}", plan.index, plan.seed as u32);
+    let body = flash_voucher(&code, plan.size.limit, 1);
+    let created = stack.admin().create_voucher(&body).await;
+    anyhow::ensure!(
+        created.status() == StatusCode::CREATED,
+        "creating voucher {code}: {}",
+        created.status()
+    );
+    let round_start = stack.progress.high_watermarks().await?;
+
+    // The customers, paced; the fault on its schedule meanwhile.
+    let started = Instant::now();
+    let give_up = started + plan.size.sale + plan.fault_at + plan.fault_for + ROW_BOUND;
+    let customers = tokio::spawn(customers(
+        stack.public(),
+        code.clone(),
+        plan.size,
+        rng.fork(),
+        started,
+        give_up,
+    ));
+    tokio::time::sleep_until((started + plan.fault_at).into()).await;
+    let struck = plan.fault.strike(stack, &mut rng, round_start).await?;
+    tokio::time::sleep(plan.fault_for).await;
+    struck.heal(stack).await?;
+    let healed = Instant::now();
+    let mut checkouts = customers.await?;
+    struck.after_sale(stack).await?;
+    // A late customer: the gate is read (and rebuilt, if a fault took it) once more.
+    checkouts.push(
+        checkout(
+            &stack.public(),
+            &code,
+            format!("{code}-late"),
+            format!("{code}-late-o"),
+            Instant::now() + ROW_BOUND,
+        )
+        .await,
+    );
+
+    let mut violations = Vec::new();
+    let accepted: Vec<Accepted> = checkouts
+        .iter()
+        .filter(|c| c.status == 201)
+        .map(|c| Accepted::new(&code, &c.customer, &c.order))
+        .collect();
+    let worst_row_wait = rows_within_bound(stack, &checkouts, healed, &mut violations).await?;
+    let (report, recovered_in) = settled(stack, &code, &accepted, healed).await?;
+    violations.extend(report.violations);
+    check_answers(&checkouts, plan.size.limit, &mut violations);
+
+    let active: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM redemptions WHERE voucher_code = $1 AND status IN ('RESERVED', 'CONFIRMED')",
+    )
+    .bind(&code)
+    .fetch_one(&stack.pool)
+    .await?;
+    let held = checkouts
+        .iter()
+        .filter(|c| c.status == 201 && !c.released)
+        .count();
+    Ok(RoundOutcome {
+        violations,
+        held,
+        released: checkouts.iter().filter(|c| c.released).count(),
+        unavailable: checkouts
+            .iter()
+            .flat_map(|c| &c.answers)
+            .filter(|s| **s == 503)
+            .count(),
+        recovered_in,
+        worst_row_wait,
+        unsold: plan.size.limit - active,
+        plan,
+    })
+}
+
+/// The round's customers: customer `i` arrives at its moment of the sale, reserves, and then
+/// may release (15%) or confirm (25%); one in ten tries a second order as well, which the
+/// per-customer limit of 1 must refuse while the first holds.
+async fn customers(
+    api: ApiClient,
+    code: String,
+    size: RoundSize,
+    mut rng: Rng,
+    started: Instant,
+    give_up: Instant,
+) -> Vec<Checkout> {
+    let api = std::sync::Arc::new(api);
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..size.customers {
+        let arrive = started + size.sale.mul_f64(i as f64 / size.customers as f64);
+        let (api, code) = (api.clone(), code.clone());
+        let mut rng = rng.fork();
+        tasks.spawn(async move {
+            tokio::time::sleep_until(arrive.into()).await;
+            let customer = format!("{code}-c{i}");
+            let mut done = Vec::new();
+            let orders = if rng.chance(10) { 2 } else { 1 };
+            for n in 0..orders {
+                let order = format!("{code}-o{i}-{n}");
+                let settle = rng.chance(40);
+                let mut c = checkout(&api, &code, customer.clone(), order, give_up).await;
+                if settle && c.status == 201 {
+                    c.released = settle_order(&api, &code, &c.order, rng.chance(40), give_up).await;
+                }
+                done.push(c);
+            }
+            done
+        });
+    }
+    let mut all = Vec::with_capacity(size.customers);
+    while let Some(done) = tasks.join_next().await {
+        if let Ok(done) = done {
+            all.extend(done);
+        }
+    }
+    all
+}
+
+/// Reserves until an answer other than 503 or a lost connection, or `give_up`.
+async fn checkout(
+    api: &ApiClient,
+    code: &str,
+    customer: String,
+    order: String,
+    give_up: Instant,
+) -> Checkout {
+    let body = json!({ "customerId": customer, "orderId": order, "orderAmount": 100_000 });
+    let url = format!("{}/vouchers/{code}/reservations", api.base);
+    let mut answers = Vec::new();
+    loop {
+        let status = match api.client.post(&url).json(&body).send().await {
+            Ok(r) => r.status().as_u16(),
+            Err(_) => 0,
+        };
+        answers.push(status);
+        if (status == 503 || status == 0) && Instant::now() < give_up {
+            tokio::time::sleep(RETRY_PAUSE).await;
+            continue;
+        }
+        return Checkout {
+            customer,
+            order,
+            status,
+            accepted_at: (status == 201).then(Instant::now),
+            answers,
+            released: false,
+        };
+    }
+}
+
+/// Releases (`release`) or confirms the order, retrying 503s and lost connections. True
+/// when a release was answered 200 (the use is given back).
+async fn settle_order(
+    api: &ApiClient,
+    code: &str,
+    order: &str,
+    release: bool,
+    give_up: Instant,
+) -> bool {
+    loop {
+        let sent = if release {
+            api.client
+                .delete(format!("{}/vouchers/{code}/reservations/{order}", api.base))
+                .send()
+                .await
+        } else {
+            api.client
+                .post(format!(
+                    "{}/vouchers/{code}/reservations/{order}/confirm",
+                    api.base
+                ))
+                .send()
+                .await
+        };
+        let status = sent.map(|r| r.status().as_u16()).unwrap_or(0);
+        if (status == 503 || status == 0) && Instant::now() < give_up {
+            tokio::time::sleep(RETRY_PAUSE).await;
+            continue;
+        }
+        return release && status == 200;
+    }
+}
+
+/// Waits until every 201 has its row, at most [`ROW_BOUND`] after the later of the 201 and
+/// the fault's end; returns the longest wait past that point.
+async fn rows_within_bound(
+    stack: &CampaignStack,
+    checkouts: &[Checkout],
+    healed: Instant,
+    violations: &mut Vec<String>,
+) -> anyhow::Result<Duration> {
+    let mut waiting: BTreeMap<String, Instant> = checkouts
+        .iter()
+        .filter_map(|c| Some((c.order.clone(), c.accepted_at?.max(healed))))
+        .collect();
+    let mut worst = Duration::ZERO;
+    loop {
+        let orders: Vec<&String> = waiting.keys().collect();
+        // Unreadable for a moment (the database's outage is the fault): nothing found yet.
+        let found: Vec<String> =
+            sqlx::query_scalar("SELECT order_id FROM redemptions WHERE order_id = ANY($1)")
+                .bind(&orders)
+                .fetch_all(&stack.pool)
+                .await
+                .unwrap_or_default();
+        let now = Instant::now();
+        for order in found {
+            if let Some(from) = waiting.remove(&order) {
+                worst = worst.max(now.saturating_duration_since(from));
+            }
+        }
+        let late: Vec<&String> = waiting
+            .iter()
+            .filter(|(_, from)| now.saturating_duration_since(**from) > ROW_BOUND)
+            .map(|(order, _)| order)
+            .collect();
+        if !late.is_empty() {
+            for order in late {
+                violations.push(format!(
+                    "2: order {order} got a 201 and has no row {} s later",
+                    ROW_BOUND.as_secs()
+                ));
+            }
+            return Ok(worst.max(ROW_BOUND));
+        }
+        if waiting.is_empty() {
+            return Ok(worst);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Checks invariants 1 to 4 and the round's gate (5) until they hold or the bound passes.
+/// A check that cannot run yet (the campaign's own connection to a Redis that just
+/// restarted) is tried again, and reported if it still cannot run at the bound.
+async fn settled(
+    stack: &CampaignStack,
+    code: &str,
+    accepted: &[Accepted],
+    healed: Instant,
+) -> anyhow::Result<(Report, Option<Duration>)> {
+    loop {
+        let checked = async {
+            let mut report = invariants::check(&stack.pool, accepted).await?;
+            invariants::check_gates(&stack.pool, &stack.gate, Some(code), &mut report).await?;
+            anyhow::Ok(report)
+        }
+        .await;
+        let report = match checked {
+            Ok(report) if report.holds() => return Ok((report, Some(healed.elapsed()))),
+            Ok(report) => report,
+            Err(e) => Report {
+                violations: vec![format!("the checks could not run: {e:#}")],
+                ..Report::default()
+            },
+        };
+        if healed.elapsed() > settle_bound() {
+            return Ok((report, None));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// What the answers alone must show: no more 201s held than uses, no customer holding two,
+/// no 5xx but 503.
+fn check_answers(checkouts: &[Checkout], limit: i64, violations: &mut Vec<String>) {
+    let held: Vec<&Checkout> = checkouts
+        .iter()
+        .filter(|c| c.status == 201 && !c.released)
+        .collect();
+    if held.len() as i64 > limit {
+        violations.push(format!(
+            "1: customers hold {} 201s for {limit} uses",
+            held.len()
+        ));
+    }
+    let mut holders = HashSet::new();
+    for c in &held {
+        if !holders.insert(&c.customer) {
+            violations.push(format!("3: customer {} holds two 201s", c.customer));
+        }
+    }
+    let mut bad: BTreeMap<u16, usize> = BTreeMap::new();
+    for s in checkouts.iter().flat_map(|c| &c.answers) {
+        if *s >= 500 && *s != 503 {
+            *bad.entry(*s).or_default() += 1;
+        }
+    }
+    for (status, n) in bad {
+        violations.push(format!("answers: {n} answers of {status}"));
+    }
+}
