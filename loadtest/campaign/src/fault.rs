@@ -14,6 +14,9 @@ use crate::stack::CampaignStack;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Fault {
+    /// Nothing: the control, what a round looks like with no fault (uses released late in
+    /// the sale stay unsold without any fault, for one).
+    None,
     /// `kill -9` one core; it restarts when healed.
     KillCore,
     /// `kill -9` both cores at once.
@@ -42,7 +45,8 @@ pub enum Fault {
 }
 
 impl Fault {
-    pub const ALL: [Fault; 11] = [
+    pub const ALL: [Fault; 12] = [
+        Fault::None,
         Fault::KillCore,
         Fault::KillBothCores,
         Fault::KillEdge,
@@ -58,6 +62,7 @@ impl Fault {
 
     pub fn name(self) -> &'static str {
         match self {
+            Fault::None => "none",
             Fault::KillCore => "kill-core",
             Fault::KillBothCores => "kill-both-cores",
             Fault::KillEdge => "kill-edge",
@@ -97,6 +102,7 @@ impl Fault {
     ) -> anyhow::Result<Struck> {
         let core = rng.between(0, stack.cores.len() as u64) as usize;
         match self {
+            Fault::None => {}
             Fault::KillCore => stack.cores[core].kill(),
             Fault::KillBothCores => stack.cores.iter_mut().for_each(|c| c.kill()),
             Fault::KillEdge => stack.edge.kill(),
@@ -131,6 +137,7 @@ impl Struck {
     /// Ends the fault: what was killed restarts, what was paused goes on.
     pub async fn heal(&self, stack: &mut CampaignStack) -> anyhow::Result<()> {
         match self.fault {
+            Fault::None => {}
             Fault::KillCore => stack.cores[self.core].restart().await,
             Fault::KillBothCores => {
                 for core in &mut stack.cores {

@@ -29,7 +29,8 @@ const RETRY_PAUSE: Duration = Duration::from_millis(150);
 pub struct RoundSize {
     /// Uses of the round's voucher.
     pub limit: i64,
-    /// Customers arriving (three per use: the sale sells out).
+    /// Customers arriving: one and a half per use, so the sale sells out late in its
+    /// arrivals (after the fault has struck) and only if every use given back is sold again.
     pub customers: usize,
     /// Arrivals are spread evenly over this.
     pub sale: Duration,
@@ -38,12 +39,12 @@ pub struct RoundSize {
 impl RoundSize {
     pub const FULL: RoundSize = RoundSize {
         limit: 100,
-        customers: 300,
+        customers: 150,
         sale: Duration::from_secs(3),
     };
     pub const SHORT: RoundSize = RoundSize {
         limit: 30,
-        customers: 90,
+        customers: 45,
         sale: Duration::from_millis(1500),
     };
 }
@@ -68,7 +69,8 @@ impl RoundPlan {
             index,
             fault,
             size,
-            fault_at: Duration::from_millis(rng.between(sale_ms / 10, sale_ms * 2 / 3)),
+            // While uses are still for sale: the fault must find something to break.
+            fault_at: Duration::from_millis(rng.between(sale_ms / 10, sale_ms * 6 / 10)),
             fault_for: Duration::from_millis(rng.between(1000, 3000)),
             seed: rng.next_u64(),
         }
@@ -89,7 +91,7 @@ pub struct RoundOutcome {
     pub recovered_in: Option<Duration>,
     /// The longest any 201 waited for its row, from the later of the 201 and the fault's end.
     pub worst_row_wait: Duration,
-    /// Uses nobody holds when the sale is over, though three customers came for each.
+    /// Uses nobody holds when the sale is over, though more customers came than uses.
     pub unsold: i64,
 }
 
