@@ -245,6 +245,36 @@ pub struct FlashSettings {
     /// How long a rebuild waits for the consumer to catch up before trying again.
     #[serde(with = "humantime_serde")]
     pub catch_up_timeout: Duration,
+    /// What turns a use the gate took into a 201: the broker's acknowledgement of its
+    /// event (`broker`), or its row committed in PostgreSQL, in grouped transactions
+    /// (`database`; the event is then published after the answer). See ARCHITECTURE.md.
+    pub decision: Decision,
+    /// With `decision = "database"`: transactions in flight per core, and the most
+    /// reservations one of them takes.
+    pub record_workers: usize,
+    pub record_batch_max: usize,
+}
+
+/// Who has the last word on a flash reservation before its 201.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Decision {
+    /// The broker's acknowledgement (acks=all); the consumer writes the row afterwards.
+    #[default]
+    Broker,
+    /// PostgreSQL's commit of the row, whatever the gate said: a gate that went back in
+    /// time (a Redis restored from an older snapshot) cannot oversell a 201.
+    Database,
+}
+
+impl Decision {
+    /// As written in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Broker => "broker",
+            Decision::Database => "database",
+        }
+    }
 }
 
 impl Default for FlashSettings {
@@ -255,6 +285,9 @@ impl Default for FlashSettings {
             reconcile_enabled: true,
             row_wait: Duration::from_secs(3),
             catch_up_timeout: Duration::from_secs(10),
+            decision: Decision::Broker,
+            record_workers: 4,
+            record_batch_max: 200,
         }
     }
 }

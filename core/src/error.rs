@@ -247,7 +247,8 @@ impl From<sqlx::Error> for Error {
     }
 }
 
-fn constraint_error(name: &str) -> Option<Error> {
+/// The error a named constraint's refusal means to the client.
+pub(crate) fn constraint_error(name: &str) -> Option<Error> {
     Some(match name {
         "vouchers_pkey" => Error::VoucherExists,
         "vouchers_used_within_limit" => Error::OutOfStock,

@@ -36,6 +36,8 @@ pub struct Metrics {
     pub gate_duration: Histogram,
     /// Time from publish to broker acknowledgement, by result (ok, not_written, ambiguous).
     pub publish_duration: HistogramVec,
+    /// Time until PostgreSQL's answer on a flash reservation (`flash.decision = "database"`).
+    pub record_duration: Histogram,
     /// Events per consumer batch.
     pub consumer_batch_size: Histogram,
     /// Events the consumer handled, by result (inserted, duplicate, dead_lettered).
@@ -115,6 +117,16 @@ impl Metrics {
                 "Time to a Kafka acknowledgement",
                 &["result"],
                 latency(),
+            ),
+            record_duration: register(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "voucher_record_duration_seconds",
+                        "Time to PostgreSQL's answer on a flash reservation, in a grouped transaction",
+                    )
+                    .buckets(latency()),
+                ),
             ),
             consumer_batch_size: register(
                 &r,

@@ -371,6 +371,10 @@ fn core_env(settings: &Settings) -> Vec<(String, String)> {
             "FLASH__RECONCILE_GRACE".into(),
             ms(settings.flash.reconcile_grace),
         ),
+        (
+            "FLASH__DECISION".into(),
+            settings.flash.decision.as_str().into(),
+        ),
     ];
     if let Some(redis) = &settings.redis {
         env.push(("REDIS__URL".into(), redis.url.expose_secret().to_owned()));

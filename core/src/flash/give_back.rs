@@ -3,7 +3,8 @@
 //!
 //! Who calls it: the publish path (the event was certainly not written, or the order was
 //! claimed by another voucher), release and expiry (the row was released in PostgreSQL),
-//! and reconciliation (the event never reached the database, or the gate missed a release).
+//! reconciliation (the event never reached the database, or the gate missed a release), and
+//! the recorder's refusals (PostgreSQL would not hold the use the gate took).
 
 use super::gate::{GiveBack, ReleaseOutcome};
 use super::FlashPath;
@@ -24,6 +25,24 @@ impl FlashPath {
             self.inner.gate.announce_available(code).await;
         }
         Ok(outcome)
+    }
+
+    /// PostgreSQL refused an order the gate let through: its pending record goes and its use
+    /// goes back to where the gate had it. The edges are not told: nothing was freed. A
+    /// gate that let it through counts too many remaining (it went back in time), and
+    /// reconciliation repairs that count from PostgreSQL; meanwhile PostgreSQL keeps
+    /// refusing what it cannot hold.
+    pub(crate) async fn forget_refused(
+        &self,
+        code: &VoucherCode,
+        order_id: &OrderId,
+    ) -> Result<()> {
+        let how = GiveBack::Forget {
+            states: vec![super::gate::RecordState::Pending],
+            published_by_ms: i64::MAX,
+        };
+        self.inner.gate.release(code, order_id, how).await?;
+        Ok(())
     }
 
     /// After PostgreSQL released an order (a release call, the expiry job): the gate gives

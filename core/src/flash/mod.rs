@@ -12,7 +12,9 @@
 //! - [`gate`]: the Redis gate, its Lua scripts and the per-order record they keep;
 //! - [`events`]: the event, its publisher, the consumer that writes it into PostgreSQL,
 //!   and "has the consumer written everything published so far?";
-//! - `reserve`: the reserve protocol (gate, claim, publish, acknowledge);
+//! - `reserve`: the reserve protocol (gate, claim, publish or record, acknowledge);
+//! - [`recorder`]: PostgreSQL's last word before a 201, in grouped transactions, when
+//!   `flash.decision = "database"`;
 //! - `settle`: confirm and release, which wait for the consumer to write the row;
 //! - `give_back`: the one place a use goes back to the gate and the edges hear of it;
 //! - [`rebuild`]: a lost gate rebuilt from PostgreSQL once that is safe;
@@ -23,6 +25,7 @@ pub mod gate;
 mod give_back;
 pub mod rebuild;
 pub mod reconcile;
+pub mod recorder;
 mod reserve;
 mod settle;
 
@@ -30,7 +33,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::config::{FlashSettings, KafkaSettings};
+use crate::config::{Decision, FlashSettings, KafkaSettings};
 use crate::domain::{Voucher, VoucherCode};
 use crate::metrics::Metrics;
 use crate::store::Store;
@@ -39,6 +42,7 @@ use events::monitor::ConsumerHealth;
 use events::progress::Progress;
 use events::publisher::Publisher;
 use gate::{Gate, GateLoad};
+use recorder::Recorder;
 
 pub use rebuild::Rebuild;
 
@@ -50,6 +54,8 @@ pub struct FlashPath {
 struct Inner {
     gate: Gate,
     publisher: Publisher,
+    /// With `flash.decision = "database"`: PostgreSQL's last word before a 201.
+    recorder: Option<Recorder>,
     progress: Progress,
     /// What the consumer monitor last saw; readiness reports it.
     consumer_health: Arc<ConsumerHealth>,
@@ -75,6 +81,13 @@ impl FlashPath {
             inner: Arc::new(Inner {
                 gate,
                 publisher: Publisher::new(kafka)?,
+                recorder: (settings.decision == Decision::Database).then(|| {
+                    Recorder::start(
+                        store.clone(),
+                        settings.record_workers,
+                        settings.record_batch_max,
+                    )
+                }),
                 progress: Progress::new(kafka, store.clone())?,
                 consumer_health: Arc::default(),
                 store,

@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::events::publisher::PublishError;
 use super::events::ReservedEvent;
 use super::gate::{GateDecision, GiveBack, OrderRecord, RecordState};
+use super::recorder::Recorded;
 use super::FlashPath;
 use crate::domain::{Reservation, ReservationRequest, Voucher};
 use crate::store::ReserveOutcome;
@@ -86,6 +87,12 @@ impl FlashPath {
             Ok(false) => return self.undo(request, &record, Error::OrderIdConflict).await,
             Err(e) => return self.undo(request, &record, e).await,
         }
+        if self.inner.recorder.is_some() {
+            self.record_in_database(request, &record).await?;
+            let reservation = self.acknowledged(request, record.clone()).await?;
+            self.publish_afterwards(request, record);
+            return Ok(ReserveOutcome::Reserved(reservation));
+        }
         match self.publish(request, &record).await {
             Ok(()) => Ok(ReserveOutcome::Reserved(
                 self.acknowledged(request, record).await?,
@@ -157,6 +164,12 @@ impl FlashPath {
         if !gate.claim_order(order_id, code).await? {
             return Err(Error::OrderIdConflict);
         }
+        if self.inner.recorder.is_some() {
+            self.record_in_database(request, &record).await?;
+            let reservation = self.acknowledged(request, record.clone()).await?;
+            self.publish_afterwards(request, record);
+            return Ok(Some(ReserveOutcome::Retried(reservation)));
+        }
         match self.publish(request, &record).await {
             Ok(()) => Ok(Some(ReserveOutcome::Retried(
                 self.acknowledged(request, record).await?,
@@ -164,6 +177,56 @@ impl FlashPath {
             // Whatever the broker said, an earlier publish may have landed: the use stays held.
             Err(e) => Err(Error::unavailable_because("event broker", e)),
         }
+    }
+
+    /// PostgreSQL's last word (`flash.decision = "database"`): the row is committed, or
+    /// the constraint that refused it is the answer: the refused order's record and use go
+    /// back where they were (`forget_refused`), and a retry is decided anew. An error
+    /// leaves the outcome unknown (503): the record stays pending, a retry records again
+    /// (a no-op once committed), and reconciliation gives the use back if no row appears.
+    async fn record_in_database(
+        &self,
+        request: &ReservationRequest,
+        record: &OrderRecord,
+    ) -> Result<()> {
+        let Some(recorder) = &self.inner.recorder else {
+            return Ok(());
+        };
+        let reservation = record.reservation(&request.voucher_code, &request.order_id)?;
+        let started = Instant::now();
+        let recorded = recorder.record(reservation).await;
+        self.inner
+            .metrics
+            .record_duration
+            .observe(started.elapsed().as_secs_f64());
+        match recorded? {
+            Recorded::Stored => Ok(()),
+            Recorded::Refused(reason) => {
+                tracing::warn!(
+                    code = %request.voucher_code,
+                    order_id = %request.order_id,
+                    reason,
+                    "the gate let through a use PostgreSQL refuses"
+                );
+                self.forget_refused(&request.voucher_code, &request.order_id)
+                    .await?;
+                Err(crate::error::constraint_error(&reason)
+                    .unwrap_or_else(|| Error::corrupt(format!("refused by {reason}"))))
+            }
+        }
+    }
+
+    /// The event of a use PostgreSQL holds, for whoever reads the topic; the client has its
+    /// answer already, so a broker that is slow or down delays nobody. (The writers find
+    /// the row there and count a duplicate.)
+    fn publish_afterwards(&self, request: &ReservationRequest, record: OrderRecord) {
+        let this = self.clone();
+        let request = request.clone();
+        tokio::spawn(async move {
+            if let Err(e) = this.publish(&request, &record).await {
+                tracing::warn!(error = %e, order_id = %request.order_id, "event of a recorded use not published");
+            }
+        });
     }
 
     async fn publish(

@@ -1,7 +1,8 @@
 //! Recording reservations decided elsewhere (by the flash gate), in batches, idempotently.
 //!
-//! The caller (flash mode's event consumer) hands over RESERVED reservations; this module
-//! knows nothing of events or brokers.
+//! The callers (flash mode's event consumer, and flash mode's recorder when PostgreSQL has
+//! the last word) hand over RESERVED reservations; this module knows nothing of events or
+//! brokers.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -11,6 +12,15 @@ use super::partitions::{store_offset, PartitionKey};
 use super::reservations::{take_customer_use, take_voucher_use};
 use crate::domain::Reservation;
 use crate::Result;
+
+impl super::Store {
+    /// Records a batch of RESERVED reservations on a connection of the pool, in one
+    /// transaction when nothing is refused (see [`record_reserved`]).
+    pub async fn record_decided(&self, batch: &[Reservation]) -> Result<BatchResult> {
+        let mut conn = self.pool.acquire().await?;
+        record_reserved(&mut conn, batch, None).await
+    }
+}
 
 /// What a batch did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

@@ -17,6 +17,7 @@ use fault::Fault;
 use rng::Rng;
 use round::{RoundOutcome, RoundPlan, RoundSize};
 use stack::{Binaries, CampaignStack};
+use voucher_core::config::Decision;
 
 /// A campaign: `rounds` rounds of `size`, each with a fault drawn from `faults` by `seed`.
 #[derive(Debug, Clone)]
@@ -25,6 +26,8 @@ pub struct Campaign {
     pub rounds: usize,
     pub faults: Vec<Fault>,
     pub size: RoundSize,
+    /// Who has the last word before a 201 (the cores' `flash.decision`).
+    pub decision: Decision,
 }
 
 impl Campaign {
@@ -46,17 +49,18 @@ impl Campaign {
         progress: impl FnMut(&RoundOutcome),
     ) -> anyhow::Result<Vec<RoundOutcome>> {
         anyhow::ensure!(!self.faults.is_empty(), "no faults to choose from");
-        run_plans(binaries, self.plans(), progress).await
+        run_plans(binaries, self.decision, self.plans(), progress).await
     }
 }
 
 /// Runs `plans` in order on one stack of their own.
 pub async fn run_plans(
     binaries: &Binaries,
+    decision: Decision,
     plans: Vec<RoundPlan>,
     mut progress: impl FnMut(&RoundOutcome),
 ) -> anyhow::Result<Vec<RoundOutcome>> {
-    let mut stack = CampaignStack::start(binaries, 2).await?;
+    let mut stack = CampaignStack::start(binaries, 2, decision).await?;
     let mut outcomes = Vec::with_capacity(plans.len());
     for plan in plans {
         // A round that cannot even run (the stack did not come back) fails, and the

@@ -1,7 +1,8 @@
 //! `voucher-campaign`: runs the seeded fault campaign and writes its report.
 //!
 //! Environment: `SEED` (default 1), `ROUNDS` (default 100), `FAULTS` (comma-separated
-//! names, default all), `SIZE` (`full` or `short`), `BIN_DIR` (where voucher-core and
+//! names, default all), `DECISION` (`database`, the default, or `broker`: the cores'
+//! `flash.decision`), `SIZE` (`full` or `short`), `BIN_DIR` (where voucher-core and
 //! voucher-edge are), `OUT` (the report's directory), `CAMPAIGN_LOGS` (where the cores'
 //! logs of failed rounds are copied; none when unset). Exits 1 when a round failed.
 
@@ -13,6 +14,7 @@ use voucher_campaign::report;
 use voucher_campaign::round::RoundSize;
 use voucher_campaign::stack::{Binaries, RECONCILE_GRACE, RECONCILE_INTERVAL};
 use voucher_campaign::Campaign;
+use voucher_core::config::Decision;
 
 fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_owned())
@@ -33,6 +35,11 @@ async fn main() -> anyhow::Result<()> {
         "short" => RoundSize::SHORT,
         _ => RoundSize::FULL,
     };
+    let decision = match env_or("DECISION", "database").as_str() {
+        "broker" => Decision::Broker,
+        "database" => Decision::Database,
+        other => anyhow::bail!("DECISION must be broker or database, not {other:?}"),
+    };
     let binaries = Binaries::in_dir(env_or("BIN_DIR", "target/release"))?;
     let out = std::path::PathBuf::from(env_or("OUT", "reports/campaign"));
 
@@ -41,6 +48,7 @@ async fn main() -> anyhow::Result<()> {
         rounds,
         faults,
         size,
+        decision,
     };
 
     let started = Instant::now();
@@ -64,7 +72,17 @@ async fn main() -> anyhow::Result<()> {
         })
         .await?;
     let header = vec![
-        format!("command: `SEED={seed} ROUNDS={rounds} ./loadtest/campaign.sh`"),
+        format!(
+            "command: `SEED={seed} ROUNDS={rounds} DECISION={} ./loadtest/campaign.sh`",
+            decision.as_str()
+        ),
+        format!(
+            "the last word before a 201: {} (`flash.decision`)",
+            match decision {
+                Decision::Broker => "the broker's acknowledgement of the event",
+                Decision::Database => "PostgreSQL's commit of the row, in grouped transactions",
+            }
+        ),
         format!(
             "took {:.0} s on this machine: 2 cores; tansu, two cores, the edge, PostgreSQL and Redis of the campaign's own, and the customers, all on it",
             started.elapsed().as_secs_f64()

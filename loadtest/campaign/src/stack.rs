@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use sqlx::PgPool;
-use voucher_core::config::{RedisSettings, Settings};
+use voucher_core::config::{Decision, RedisSettings, Settings};
 use voucher_core::flash::events::progress::Progress;
 use voucher_core::flash::gate::Gate;
 use voucher_core::store::Store;
@@ -60,7 +60,11 @@ pub struct CampaignStack {
 }
 
 impl CampaignStack {
-    pub async fn start(binaries: &Binaries, cores: usize) -> anyhow::Result<Self> {
+    pub async fn start(
+        binaries: &Binaries,
+        cores: usize,
+        decision: Decision,
+    ) -> anyhow::Result<Self> {
         let db = TestDb::create().await;
         let broker = Broker::start().await;
         let redis = RedisServer::start().await;
@@ -76,6 +80,7 @@ impl CampaignStack {
         settings.flash.reconcile_interval = RECONCILE_INTERVAL;
         settings.flash.reconcile_grace = RECONCILE_GRACE;
         settings.reservations.expiry_enabled = true;
+        settings.flash.decision = decision;
         let mut processes = Vec::with_capacity(cores);
         for _ in 0..cores.max(1) {
             processes.push(CoreProcess::start(&binaries.core, &settings, &[]).await);

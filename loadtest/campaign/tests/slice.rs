@@ -7,6 +7,7 @@ use voucher_campaign::rng::Rng;
 use voucher_campaign::round::{RoundPlan, RoundSize};
 use voucher_campaign::run_plans;
 use voucher_campaign::stack::Binaries;
+use voucher_core::config::Decision;
 
 /// The debug binaries beside this test's own executable (`cargo test --workspace` builds them).
 fn binaries() -> Binaries {
@@ -19,14 +20,14 @@ fn binaries() -> Binaries {
 }
 
 /// Runs one round of each of `faults` on one stack and returns what failed.
-async fn slice(seed: u64, faults: &[Fault]) -> Vec<String> {
+async fn slice(seed: u64, decision: Decision, faults: &[Fault]) -> Vec<String> {
     let mut rng = Rng::new(seed);
     let plans: Vec<RoundPlan> = faults
         .iter()
         .enumerate()
         .map(|(i, fault)| RoundPlan::draw(i, *fault, RoundSize::SHORT, &mut rng))
         .collect();
-    let outcomes = run_plans(&binaries(), plans, |o| {
+    let outcomes = run_plans(&binaries(), decision, plans, |o| {
         eprintln!(
             "{} {:?} {:?}",
             o.plan.fault.name(),
@@ -48,6 +49,7 @@ async fn slice(seed: u64, faults: &[Fault]) -> Vec<String> {
 async fn a_seeded_slice_of_the_campaign_passes() {
     let failed = slice(
         42,
+        Decision::Broker,
         &[
             Fault::KillCore,
             Fault::PauseBroker,
@@ -59,14 +61,38 @@ async fn a_seeded_slice_of_the_campaign_passes() {
     assert!(failed.is_empty(), "rounds failed: {failed:#?}");
 }
 
-/// The bar of issue 8, part 3, not met yet: a gate restored from a snapshot taken seconds
-/// earlier sells uses PostgreSQL has already given, and those 201s get no row (the writer
-/// refuses their events). Detection after the fact (reconciliation repairs the count within
-/// a second or two) cannot take back a 201 already sent; the fix is PostgreSQL deciding
-/// before the 201. Run it with `--ignored` to see the defect.
+/// With PostgreSQL deciding before the 201, a gate restored from a snapshot taken seconds
+/// earlier only lets more requests through to the database, which refuses what it cannot
+/// hold: no 201 beyond the limit. The broker's faults no longer touch the answers at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "known defect: a gate restored from an older snapshot oversells (issue 8, part 3)"]
-async fn a_gate_restored_from_an_older_snapshot_never_oversells() {
-    let failed = slice(42, &[Fault::RedisOldSnapshot, Fault::RedisOldSnapshot]).await;
+async fn with_postgresql_deciding_a_gate_back_in_time_oversells_nothing() {
+    let failed = slice(
+        7,
+        Decision::Database,
+        &[
+            Fault::RedisOldSnapshot,
+            Fault::RedisOldSnapshot,
+            Fault::KillCore,
+            Fault::PauseBroker,
+        ],
+    )
+    .await;
+    assert!(failed.is_empty(), "rounds failed: {failed:#?}");
+}
+
+/// The bar of issue 8, part 3, that the broker deciding cannot meet: a gate restored from
+/// a snapshot taken seconds earlier sells uses PostgreSQL has already given, and those 201s
+/// get no row (the writer refuses their events). Detection after the fact (reconciliation
+/// repairs the count within a second or two) cannot take back a 201 already sent. Run it
+/// with `--ignored` to see it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "known: with flash.decision = broker, a gate restored from an older snapshot oversells"]
+async fn with_the_broker_deciding_a_gate_back_in_time_oversells() {
+    let failed = slice(
+        42,
+        Decision::Broker,
+        &[Fault::RedisOldSnapshot, Fault::RedisOldSnapshot],
+    )
+    .await;
     assert!(failed.is_empty(), "rounds failed: {failed:#?}");
 }
