@@ -1,6 +1,7 @@
 //! Reconciliation of flash vouchers: compares the Redis gate with PostgreSQL, exports the
 //! drift, and gives back uses the gate holds for orders that never reached the database.
 //!
+//! One instance reconciles at a time (a PostgreSQL advisory lock held for the round).
 //! Each round: read every gate (one atomic snapshot per voucher), *then* wait until the
 //! consumer group has committed everything published so far. After that, an order in a
 //! snapshot without its row will never get one, provided its latest publish started more
@@ -63,6 +64,18 @@ impl Reconciler {
     /// One round over every live flash voucher. `None` per voucher when its gate is not
     /// loaded or the consumer did not catch up in time (nothing is decided then).
     pub async fn run_once(&self) -> Result<Vec<(Voucher, Option<VoucherReport>)>> {
+        // One reconciler at a time across the cores: each repair is a delta computed from
+        // its own snapshot, so two running at once would both take the same missing uses
+        // off the gate (the fault campaign saw remaining go negative that way).
+        let Some(turn) = self.store.exclusive_turn("reconcile").await? else {
+            return Ok(Vec::new());
+        };
+        let reports = self.reconcile_all().await;
+        turn.rollback().await?;
+        reports
+    }
+
+    async fn reconcile_all(&self) -> Result<Vec<(Voucher, Option<VoucherReport>)>> {
         let vouchers = self.store.live_flash_vouchers().await?;
         let mut snapshots = Vec::with_capacity(vouchers.len());
         for v in &vouchers {

@@ -59,6 +59,26 @@ impl Store {
         Ok(())
     }
 
+    /// A turn of a job that only one instance may run at a time: a transaction holding
+    /// the advisory lock of `job` (released when the transaction ends, or its session
+    /// does). `None` when another instance holds it now.
+    pub async fn exclusive_turn(
+        &self,
+        job: &str,
+    ) -> crate::Result<Option<sqlx::Transaction<'static, sqlx::Postgres>>> {
+        let mut tx = self.pool.begin().await?;
+        // A stalled instance must not hold the turn for ever: its session ends after a
+        // minute of silence, and the lock with it (a round takes seconds).
+        sqlx::query("SET LOCAL idle_in_transaction_session_timeout = '60s'")
+            .execute(&mut *tx)
+            .await?;
+        let ours: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext($1), 0)")
+            .bind(format!("voucher-job/{job}"))
+            .fetch_one(&mut *tx)
+            .await?;
+        Ok(ours.then_some(tx))
+    }
+
     /// Readiness: can we run a statement right now?
     pub async fn ping(&self) -> crate::Result<()> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;

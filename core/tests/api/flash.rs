@@ -683,3 +683,60 @@ async fn reconciliation_restores_a_customer_count_the_gate_lost() {
     assert_error(again, StatusCode::CONFLICT, "ALREADY_USED").await;
     env.finish(&[first.accepted()]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_reconciler_at_a_time_so_a_repair_is_never_taken_twice() {
+    let env = FlashStack::start().await;
+    env.app().given_voucher(flash_voucher("TURN", 5, 1)).await;
+    let store = Store::new(env.pool.clone());
+
+    // Another instance is reconciling: this one skips its round.
+    let other = store
+        .exclusive_turn("reconcile")
+        .await
+        .expect("database up")
+        .expect("nobody else holds the turn");
+    let skipped = reconciler(&env).run_once().await.expect("round runs");
+    assert!(skipped.is_empty(), "{skipped:?}");
+
+    // Its round over, the next one reconciles.
+    other.rollback().await.expect("turn ended");
+    let ran = reconciler(&env).run_once().await.expect("round runs");
+    assert_eq!(ran.len(), 1);
+    env.finish(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_postgresql_deciding_a_stale_gate_answers_409_not_201() {
+    let env = FlashStack::builder()
+        .start_with(|s| {
+            s.flash.decision = voucher_core::config::Decision::Database;
+        })
+        .await;
+    let app = env.app();
+    app.given_voucher(flash_voucher("PGD", 5, 1)).await;
+    let sale = Sale::new("PGD", "pg", 5).run(app).await;
+    assert_eq!(sale.created(), 5);
+    // Every 201 had its row before it was sent.
+    assert_eq!(env.rows("PGD").await, 5);
+
+    // The gate goes back in time: three uses appear that PostgreSQL has already given.
+    let mut conn = crate::stack::redis_connection().await;
+    let _: i64 = redis::cmd("INCRBY")
+        .arg(format!("{}{{PGD}}:remaining", env.key_prefix()))
+        .arg(3)
+        .query_async(&mut conn)
+        .await
+        .expect("incremented");
+    // The gate lets them through; PostgreSQL refuses them before any answer is sent.
+    let late = Sale::new("PGD", "late", 3).run(app).await;
+    assert_eq!(late.created(), 0);
+    assert_eq!(late.count(StatusCode::CONFLICT, "OUT_OF_STOCK"), 3);
+    assert_eq!(env.rows("PGD").await, 5);
+
+    // Reconciliation then repairs the gate, and the edge of the sale is closed again.
+    let reports = reconciler(&env).run_once().await.expect("round runs");
+    let report = reports[0].1.clone().expect("caught up and loaded");
+    assert_eq!((report.repaired, report.drift), (3, 0), "{report:?}");
+    env.finish(&sale.accepted()).await;
+}
