@@ -1,7 +1,4 @@
 //! End-to-end tests through the real edge binary, in front of two real cores, on the real
-//! PostgreSQL, Redis and a tansu broker of each test's own.
-
-//! End-to-end tests through the real edge binary, in front of two real cores, on the real
 //! PostgreSQL, Redis and a tansu broker of each test's own (the testkit's flash stack).
 
 mod dashboards;
