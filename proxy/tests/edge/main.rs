@@ -321,3 +321,64 @@ async fn confirm_release_and_get_pass_through_untouched_by_the_flag() {
     let accepted = [("c1", "o1"), ("c2", "o2")].map(|(c, o)| Accepted::new("PASS", c, o));
     stack.finish(&accepted).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_core_that_cannot_reach_its_broker_gets_no_traffic() {
+    // Core A on the stack's broker; core B on a broker of its own, which then dies: B says
+    // it is not ready (`/readyz` 503 once it has not read a broker for 15 s) and the edge,
+    // which checks readiness, must stop sending it anything.
+    let stack = FlashStack::start().await;
+    let mut lonely_broker = voucher_testkit::stack::Broker::start().await;
+    let mut settings = stack.settings.clone();
+    if let Some(kafka) = settings.kafka.as_mut() {
+        kafka.brokers = lonely_broker.address();
+    }
+    let b = TestApp::start(&settings).await;
+    let edge = voucher_testkit::stack::EdgeProcess::start(
+        std::path::Path::new(env!("CARGO_BIN_EXE_voucher-edge")),
+        &[stack.app().address(), b.address()],
+        stack.key_prefix(),
+        Duration::from_secs(2),
+    )
+    .await;
+    stack
+        .app()
+        .given_voucher(voucher_body("READY", 1000, 1))
+        .await;
+    // Both cores serve while both are ready.
+    let warm = Sale::new("READY", "warm", 100).run(&edge.api).await;
+    assert_eq!(warm.created(), 100);
+    assert!(reservations_at(&b).await > 0.0, "B served while ready");
+
+    lonely_broker.kill();
+    eventually(
+        Duration::from_secs(40),
+        "core B to say it is not ready",
+        || async {
+            let ready = b
+                .client
+                .get(format!("{}/readyz", b.base))
+                .send()
+                .await
+                .ok()?;
+            (ready.status() == StatusCode::SERVICE_UNAVAILABLE).then_some(())
+        },
+    )
+    .await;
+    // A few health checks of the edge (every 100 ms here).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let b_before = reservations_at(&b).await;
+    let after = Sale::new("READY", "after", 200).run(&edge.api).await;
+    assert_eq!(after.created(), 200, "core A took every request");
+    assert_eq!(
+        reservations_at(&b).await,
+        b_before,
+        "nothing reached the core that is not ready"
+    );
+    drop(edge);
+    b.stop().await;
+    let mut accepted = warm.accepted();
+    accepted.extend(after.accepted());
+    stack.finish(&accepted).await;
+}
