@@ -740,3 +740,28 @@ async fn with_postgresql_deciding_a_stale_gate_answers_409_not_201() {
     assert_eq!((report.repaired, report.drift), (3, 0), "{report:?}");
     env.finish(&sale.accepted()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_postgresql_deciding_a_lost_order_claim_cannot_give_one_order_two_uses() {
+    // The reproduction: an order reserved on flash voucher A, its claim deleted
+    // from Redis (gate intact), the same orderId reserved on flash voucher B. With the
+    // broker deciding that was a 201 whose event the writer then refused; with PostgreSQL
+    // deciding, the unique orderId refuses it before any answer.
+    let env = FlashStack::builder()
+        .start_with(|s| s.flash.decision = voucher_core::config::Decision::Database)
+        .await;
+    let app = env.app();
+    app.given_voucher(flash_voucher("LCA", 5, 1)).await;
+    app.given_voucher(flash_voucher("LCB", 5, 1)).await;
+    let first = app.attempt("LCA", "c1", "lone-order", 100_000).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+
+    delete_claims(env.key_prefix()).await;
+    let elsewhere = app.reserve("LCB", "c1", "lone-order", 100_000).await;
+    assert_error(elsewhere, StatusCode::CONFLICT, "ORDER_ID_CONFLICT").await;
+    assert_eq!(env.rows("LCB").await, 0);
+    // The use B's gate took for it went back: B still has all five.
+    let b = VoucherCode::parse("LCB").expect("code");
+    assert_eq!(env.gate.remaining(&b).await.expect("redis"), Some(5));
+    env.finish(&[first.accepted()]).await;
+}
