@@ -8,12 +8,14 @@
 //! - [`invariants`]: the invariants of `ARCHITECTURE.md`, checked against PostgreSQL and
 //!   the gate at the end of every concurrency, load and fault test;
 //! - [`wait`], [`metrics`], [`assert`]: bounded waiting, one Prometheus text parser, and
-//!   the assertion every error answer gets.
+//!   the assertion every error answer gets;
+//! - [`process`]: a child process a test owns, killed, frozen or thawed on purpose.
 
 pub mod assert;
 pub mod helpers;
 pub mod invariants;
 pub mod metrics;
+pub mod process;
 pub mod sale;
 pub mod stack;
 pub mod wait;

@@ -5,7 +5,7 @@
 //! in front of them.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::json;
@@ -17,6 +17,7 @@ use voucher_core::flash::gate::Gate;
 use crate::helpers::{metrics_text, settings_for, ApiClient, TestApp, TestDb, ADMIN_TOKEN};
 use crate::invariants::{self, Accepted};
 use crate::metrics::Metrics;
+use crate::process::{listening, Process};
 use crate::wait::eventually;
 use crate::{free_port, TempDir};
 
@@ -24,9 +25,10 @@ pub const REDIS_URL: &str = "redis://127.0.0.1:6379/";
 
 /// A tansu broker owned by one test. Stopped (killed) when dropped.
 pub struct Broker {
+    // First, so it is dropped (killed) before its directory is removed.
+    process: Process,
     pub port: u16,
     dir: TempDir,
-    child: Option<Child>,
 }
 
 impl Broker {
@@ -34,7 +36,7 @@ impl Broker {
         let mut broker = Self {
             port: free_port(),
             dir: TempDir::new("broker"),
-            child: None,
+            process: Process::default(),
         };
         broker.resume().await;
         broker
@@ -61,41 +63,27 @@ impl Broker {
             .stderr(Stdio::null())
             .spawn()
             .expect("tansu must be installed (scripts/test.sh installs it)");
-        self.child = Some(child);
-        let address = self.address();
-        eventually(Duration::from_secs(10), "tansu to listen", || async {
-            tokio::net::TcpStream::connect(&address).await.ok()
-        })
-        .await;
+        self.process.set(child);
+        assert!(
+            listening(self.port, Duration::from_secs(10)).await,
+            "tansu did not listen within 10 s"
+        );
     }
 
     /// Freezes the broker (SIGSTOP): connections stay open and nothing answers, as in a
     /// long garbage-collection pause or a stalled disk.
     pub fn pause(&self) {
-        if let Some(child) = &self.child {
-            signal(child.id(), "STOP");
-        }
+        self.process.pause();
     }
 
     /// Lets a paused broker go on (SIGCONT).
     pub fn unpause(&self) {
-        if let Some(child) = &self.child {
-            signal(child.id(), "CONT");
-        }
+        self.process.unpause();
     }
 
     /// Kills the broker at once, as a crash would.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        self.kill();
+        self.process.kill();
     }
 }
 
@@ -125,7 +113,7 @@ pub fn flash_settings(db_url: &str, broker: &Broker, tag: &str) -> Settings {
 
 /// The edge binary, configured by a YAML file of the test's own. Killed when dropped.
 pub struct EdgeProcess {
-    child: Option<Child>,
+    process: Process,
     binary: std::path::PathBuf,
     config: std::path::PathBuf,
     port: u16,
@@ -174,7 +162,7 @@ impl EdgeProcess {
         let path = dir.0.join("edge.yaml");
         std::fs::write(&path, config.to_string()).expect("config written");
         let mut edge = Self {
-            child: None,
+            process: Process::default(),
             binary: binary.to_owned(),
             config: path,
             port,
@@ -197,24 +185,18 @@ impl EdgeProcess {
             .spawn()
             .expect("edge starts");
         // Owned at once, so that a failed start still kills and reaps the process.
-        self.child = Some(child);
-        let port = self.port;
-        eventually(Duration::from_secs(10), "the edge to listen", || async {
-            tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .ok()
-        })
-        .await;
+        self.process.set(child);
+        assert!(
+            listening(self.port, Duration::from_secs(10)).await,
+            "the edge did not listen within 10 s"
+        );
         // Let the first health check mark the cores up.
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
 
     /// Kills the process at once (SIGKILL), as a crash would.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.process.kill();
     }
 
     pub async fn metrics_text(&self) -> String {
@@ -226,17 +208,11 @@ impl EdgeProcess {
     }
 }
 
-impl Drop for EdgeProcess {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 /// The core binary as a process of its own (configured by environment variables alone, as a
 /// container would be), with extra environment (e.g. libfaketime preloaded). Killed when
 /// dropped; restarted on the same ports, so an edge in front finds it again.
 pub struct CoreProcess {
-    child: Option<Child>,
+    process: Process,
     binary: std::path::PathBuf,
     env: Vec<(String, String)>,
     port: u16,
@@ -265,7 +241,7 @@ impl CoreProcess {
         );
         let dir = TempDir::new("core");
         let mut core = Self {
-            child: None,
+            process: Process::default(),
             binary: binary.to_owned(),
             env,
             port,
@@ -301,18 +277,8 @@ impl CoreProcess {
             .stderr(file)
             .spawn()
             .unwrap_or_else(|e| panic!("{} starts: {e}", self.binary.display()));
-        self.child = Some(child);
-        let port = self.port;
-        let listening = tokio::time::timeout(Duration::from_secs(30), async {
-            while tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_err()
-            {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-        .await;
-        if listening.is_err() {
+        self.process.set(child);
+        if !listening(self.port, Duration::from_secs(30)).await {
             let text = std::fs::read_to_string(&self.log).unwrap_or_default();
             panic!("the core process did not listen within 30 s; its log:\n{text}");
         }
@@ -320,24 +286,17 @@ impl CoreProcess {
 
     /// Kills the process at once (SIGKILL), as a crash or an OOM kill would.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.process.kill();
     }
 
     /// Freezes the process (SIGSTOP), as a long pause of its VM or container would.
     pub fn pause(&self) {
-        if let Some(child) = &self.child {
-            signal(child.id(), "STOP");
-        }
+        self.process.pause();
     }
 
     /// Lets a paused process go on (SIGCONT).
     pub fn unpause(&self) {
-        if let Some(child) = &self.child {
-            signal(child.id(), "CONT");
-        }
+        self.process.unpause();
     }
 
     pub async fn metrics(&self) -> Metrics {
@@ -392,25 +351,13 @@ fn core_env(settings: &Settings) -> Vec<(String, String)> {
         .collect()
 }
 
-impl Drop for CoreProcess {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Sends `SIG<name>` to `pid` with kill(1) (the workspace forbids `unsafe`, so no libc).
-pub fn signal(pid: u32, name: &str) {
-    let _ = Command::new("kill")
-        .args([format!("-{name}"), pid.to_string()])
-        .status();
-}
-
 /// A Redis server of its own (on a free port, its snapshot in a temporary directory), for
 /// faults the shared Redis must not suffer: restarts, snapshots restored, FLUSHALL.
 pub struct RedisServer {
+    // First, so it is dropped (killed) before its directory is removed.
+    process: Process,
     pub port: u16,
     dir: TempDir,
-    child: Option<Child>,
 }
 
 impl RedisServer {
@@ -418,7 +365,7 @@ impl RedisServer {
         let mut server = Self {
             port: free_port(),
             dir: TempDir::new("redis"),
-            child: None,
+            process: Process::default(),
         };
         server.restart().await;
         server
@@ -448,7 +395,7 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server is installed");
-        self.child = Some(child);
+        self.process.set(child);
         let url = self.url();
         eventually(Duration::from_secs(10), "redis-server to answer", || {
             let url = url.clone();
@@ -480,16 +427,7 @@ impl RedisServer {
 
     /// Kills the server at once (SIGKILL): whatever it held in memory is gone.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.kill();
+        self.process.kill();
     }
 }
 

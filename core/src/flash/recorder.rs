@@ -77,29 +77,27 @@ async fn work(store: Store, jobs: Arc<Mutex<mpsc::Receiver<Job>>>, batch_max: us
                 return;
             }
         }
-        let reservations: Vec<Reservation> = batch.iter().map(|j| j.reservation.clone()).collect();
+        let (reservations, answers): (Vec<Reservation>, Vec<_>) = batch
+            .into_iter()
+            .map(|job| (job.reservation, job.answer))
+            .unzip();
         match store.record_decided(&reservations).await {
             Ok(result) => {
-                let mut refused: Vec<Option<String>> = vec![None; batch.len()];
+                let mut outcomes = vec![Recorded::Stored; answers.len()];
                 for (i, reason) in result.refused {
-                    if let Some(slot) = refused.get_mut(i) {
-                        *slot = Some(reason);
+                    if let Some(outcome) = outcomes.get_mut(i) {
+                        *outcome = Recorded::Refused(reason);
                     }
                 }
-                for (job, refusal) in batch.into_iter().zip(refused) {
-                    let answer = match refusal {
-                        None => Recorded::Stored,
-                        Some(reason) => Recorded::Refused(reason),
-                    };
-                    let _ = job.answer.send(Ok(answer));
+                for (answer, outcome) in answers.into_iter().zip(outcomes) {
+                    let _ = answer.send(Ok(outcome));
                 }
             }
             Err(e) => {
                 let shared = Arc::new(e);
-                for job in batch {
-                    let _ = job
-                        .answer
-                        .send(Err(Error::unavailable_because("database", shared.clone())));
+                for answer in answers {
+                    let _ =
+                        answer.send(Err(Error::unavailable_because("database", shared.clone())));
                 }
             }
         }

@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::events::publisher::PublishError;
 use super::events::ReservedEvent;
 use super::gate::{GateDecision, GiveBack, OrderRecord, RecordState};
-use super::recorder::Recorded;
+use super::recorder::{Recorded, Recorder};
 use super::FlashPath;
 use crate::domain::{Reservation, ReservationRequest, Voucher};
 use crate::store::ReserveOutcome;
@@ -87,10 +87,8 @@ impl FlashPath {
             Ok(false) => return self.undo(request, &record, Error::OrderIdConflict).await,
             Err(e) => return self.undo(request, &record, e).await,
         }
-        if self.inner.recorder.is_some() {
-            self.record_in_database(request, &record).await?;
-            let reservation = self.acknowledged(request, record.clone()).await?;
-            self.publish_afterwards(request, record);
+        if let Some(recorder) = &self.inner.recorder {
+            let reservation = self.decided_by_database(recorder, request, record).await?;
             return Ok(ReserveOutcome::Reserved(reservation));
         }
         match self.publish(request, &record).await {
@@ -164,10 +162,8 @@ impl FlashPath {
         if !gate.claim_order(order_id, code).await? {
             return Err(Error::OrderIdConflict);
         }
-        if self.inner.recorder.is_some() {
-            self.record_in_database(request, &record).await?;
-            let reservation = self.acknowledged(request, record.clone()).await?;
-            self.publish_afterwards(request, record);
+        if let Some(recorder) = &self.inner.recorder {
+            let reservation = self.decided_by_database(recorder, request, record).await?;
             return Ok(Some(ReserveOutcome::Retried(reservation)));
         }
         match self.publish(request, &record).await {
@@ -184,14 +180,27 @@ impl FlashPath {
     /// back where they were (`forget_refused`), and a retry is decided anew. An error
     /// leaves the outcome unknown (503): the record stays pending, a retry records again
     /// (a no-op once committed), and reconciliation gives the use back if no row appears.
+    ///
+    /// Recorded, the record moves P -> A, the client gets its reservation, and the event is
+    /// published afterwards.
+    async fn decided_by_database(
+        &self,
+        recorder: &Recorder,
+        request: &ReservationRequest,
+        record: OrderRecord,
+    ) -> Result<Reservation> {
+        self.record_in_database(recorder, request, &record).await?;
+        let reservation = self.acknowledged(request, record.clone()).await?;
+        self.publish_afterwards(request, record);
+        Ok(reservation)
+    }
+
     async fn record_in_database(
         &self,
+        recorder: &Recorder,
         request: &ReservationRequest,
         record: &OrderRecord,
     ) -> Result<()> {
-        let Some(recorder) = &self.inner.recorder else {
-            return Ok(());
-        };
         let reservation = record.reservation(&request.voucher_code, &request.order_id)?;
         let started = Instant::now();
         let recorded = recorder.record(reservation).await;

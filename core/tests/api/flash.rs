@@ -573,6 +573,18 @@ async fn a_rebuilt_gate_claims_its_orders_again() {
     env.finish(&[first.accepted()]).await;
 }
 
+/// `n` uses appear in `code`'s gate that PostgreSQL has already given, as after a restore
+/// from an older snapshot or a hand that tampered with it.
+async fn uses_appear(env: &FlashStack, code: &str, n: i64) {
+    let mut conn = crate::stack::redis_connection().await;
+    let _: i64 = redis::cmd("INCRBY")
+        .arg(format!("{}{{{code}}}:remaining", env.key_prefix()))
+        .arg(n)
+        .query_async(&mut conn)
+        .await
+        .expect("incremented");
+}
+
 /// Deletes every orderId claim under `prefix`.
 async fn delete_claims(prefix: &str) {
     let mut conn = crate::stack::redis_connection().await;
@@ -620,13 +632,7 @@ async fn reconciliation_repairs_a_gate_that_counts_fewer_uses_than_postgresql() 
 
     // The gate goes wrong behind our back (restored from an older snapshot, tampered):
     // three uses appear that PostgreSQL has already given.
-    let mut conn = crate::stack::redis_connection().await;
-    let _: i64 = redis::cmd("INCRBY")
-        .arg(format!("{}{{STALE}}:remaining", env.key_prefix()))
-        .arg(3)
-        .query_async(&mut conn)
-        .await
-        .expect("incremented");
+    uses_appear(&env, "STALE", 3).await;
     // Until reconciliation runs, the gate sells them: those 201s are refused by
     // PostgreSQL into the dead letters (detection after the fact cannot prevent this).
     let late = Sale::new("STALE", "late", 3).run(app).await;
@@ -721,13 +727,7 @@ async fn with_postgresql_deciding_a_stale_gate_answers_409_not_201() {
     assert_eq!(env.rows("PGD").await, 5);
 
     // The gate goes back in time: three uses appear that PostgreSQL has already given.
-    let mut conn = crate::stack::redis_connection().await;
-    let _: i64 = redis::cmd("INCRBY")
-        .arg(format!("{}{{PGD}}:remaining", env.key_prefix()))
-        .arg(3)
-        .query_async(&mut conn)
-        .await
-        .expect("incremented");
+    uses_appear(&env, "PGD", 3).await;
     // The gate lets them through; PostgreSQL refuses them before any answer is sent.
     let late = Sale::new("PGD", "late", 3).run(app).await;
     assert_eq!(late.created(), 0);

@@ -155,7 +155,7 @@ pub async fn run(stack: &mut CampaignStack, plan: RoundPlan) -> anyhow::Result<R
     tokio::time::sleep(plan.fault_for).await;
     struck.heal(stack).await?;
     let healed = Instant::now();
-    let mut checkouts = customers.await?;
+    let mut checkouts = customers.await??;
     struck.after_sale(stack).await?;
     // A late customer: the gate is read (and rebuilt, if a fault took it) once more.
     checkouts.push(
@@ -216,7 +216,7 @@ async fn customers(
     mut rng: Rng,
     started: Instant,
     give_up: Instant,
-) -> Vec<Checkout> {
+) -> anyhow::Result<Vec<Checkout>> {
     let api = std::sync::Arc::new(api);
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..size.customers {
@@ -233,7 +233,7 @@ async fn customers(
                 let settle = rng.chance(40);
                 let mut c = checkout(&api, &code, customer.clone(), order, give_up).await;
                 if settle && c.status == 201 {
-                    c.released = settle_order(&api, &code, &c.order, rng.chance(40), give_up).await;
+                    settle_order(&api, &code, &mut c, rng.chance(40), give_up).await;
                 }
                 done.push(c);
             }
@@ -242,14 +242,31 @@ async fn customers(
     }
     let mut all = Vec::with_capacity(size.customers);
     while let Some(done) = tasks.join_next().await {
-        if let Ok(done) = done {
-            all.extend(done);
-        }
+        // A customer lost would take its 201s out of the checks: the round cannot count.
+        all.extend(done.map_err(|e| anyhow::anyhow!("a customer's task failed: {e}"))?);
     }
-    all
+    Ok(all)
 }
 
-/// Reserves until an answer other than 503 or a lost connection, or `give_up`.
+/// Sends a request until it gets an answer other than 503 or a lost connection (status
+/// 0), or `give_up` passes; every status on the way goes to `answers`. Returns the last.
+async fn until_answered<F, R>(give_up: Instant, answers: &mut Vec<u16>, mut send: F) -> u16
+where
+    F: FnMut() -> R,
+    R: std::future::Future<Output = reqwest::Result<reqwest::Response>>,
+{
+    loop {
+        let status = send().await.map(|r| r.status().as_u16()).unwrap_or(0);
+        answers.push(status);
+        if (status == 503 || status == 0) && Instant::now() < give_up {
+            tokio::time::sleep(RETRY_PAUSE).await;
+            continue;
+        }
+        return status;
+    }
+}
+
+/// Reserves, retrying 503s and lost connections until `give_up`.
 async fn checkout(
     api: &ApiClient,
     code: &str,
@@ -260,58 +277,42 @@ async fn checkout(
     let body = json!({ "customerId": customer, "orderId": order, "orderAmount": 100_000 });
     let url = format!("{}/vouchers/{code}/reservations", api.base);
     let mut answers = Vec::new();
-    loop {
-        let status = match api.client.post(&url).json(&body).send().await {
-            Ok(r) => r.status().as_u16(),
-            Err(_) => 0,
-        };
-        answers.push(status);
-        if (status == 503 || status == 0) && Instant::now() < give_up {
-            tokio::time::sleep(RETRY_PAUSE).await;
-            continue;
-        }
-        return Checkout {
-            customer,
-            order,
-            status,
-            accepted_at: (status == 201).then(Instant::now),
-            answers,
-            released: false,
-        };
+    let status = until_answered(give_up, &mut answers, || {
+        api.client.post(&url).json(&body).send()
+    })
+    .await;
+    Checkout {
+        customer,
+        order,
+        status,
+        accepted_at: (status == 201).then(Instant::now),
+        answers,
+        released: false,
     }
 }
 
-/// Releases (`release`) or confirms the order, retrying 503s and lost connections. True
-/// when a release was answered 200 (the use is given back).
+/// Releases (`release`) or confirms the order, retrying 503s and lost connections; its
+/// answers join the checkout's, and a release answered 200 gave the use back.
 async fn settle_order(
     api: &ApiClient,
     code: &str,
-    order: &str,
+    checkout: &mut Checkout,
     release: bool,
     give_up: Instant,
-) -> bool {
-    loop {
-        let sent = if release {
-            api.client
-                .delete(format!("{}/vouchers/{code}/reservations/{order}", api.base))
-                .send()
-                .await
+) {
+    let url = format!(
+        "{}/vouchers/{code}/reservations/{}",
+        api.base, checkout.order
+    );
+    let status = until_answered(give_up, &mut checkout.answers, || {
+        if release {
+            api.client.delete(&url).send()
         } else {
-            api.client
-                .post(format!(
-                    "{}/vouchers/{code}/reservations/{order}/confirm",
-                    api.base
-                ))
-                .send()
-                .await
-        };
-        let status = sent.map(|r| r.status().as_u16()).unwrap_or(0);
-        if (status == 503 || status == 0) && Instant::now() < give_up {
-            tokio::time::sleep(RETRY_PAUSE).await;
-            continue;
+            api.client.post(format!("{url}/confirm")).send()
         }
-        return release && status == 200;
-    }
+    })
+    .await;
+    checkout.released = release && status == 200;
 }
 
 /// Waits until every 201 has its row, at most [`ROW_BOUND`] after the later of the 201 and

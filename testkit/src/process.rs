@@ -1,0 +1,67 @@
+//! A child process a test owns: killed when dropped, and killed, frozen or thawed on
+//! purpose, as a fault would. The broker, Redis, core and edge processes of the stacks
+//! each hold one.
+
+use std::process::Child;
+use std::time::Duration;
+
+#[derive(Default)]
+pub struct Process {
+    child: Option<Child>,
+}
+
+impl Process {
+    /// Owns `child` from now on (killing whatever ran before).
+    pub fn set(&mut self, child: Child) {
+        self.kill();
+        self.child = Some(child);
+    }
+
+    /// Kills the process at once (SIGKILL), as a crash or an OOM kill would, and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Freezes the process (SIGSTOP): its connections stay open and nothing answers, as in
+    /// a long pause of its VM or a stalled disk.
+    pub fn pause(&self) {
+        self.signal("STOP");
+    }
+
+    /// Lets a frozen process go on (SIGCONT).
+    pub fn unpause(&self) {
+        self.signal("CONT");
+    }
+
+    /// `SIG<name>` with kill(1): the workspace forbids `unsafe`, so no libc.
+    fn signal(&self, name: &str) {
+        if let Some(child) = &self.child {
+            let _ = std::process::Command::new("kill")
+                .args([format!("-{name}"), child.id().to_string()])
+                .status();
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Whether something accepts connections on `127.0.0.1:port` within `within`.
+pub async fn listening(port: u16, within: Duration) -> bool {
+    tokio::time::timeout(within, async {
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .is_ok()
+}
