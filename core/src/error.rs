@@ -230,12 +230,7 @@ impl From<sqlx::Error> for Error {
                 if let Some(known) = db.constraint().and_then(constraint_error) {
                     return known;
                 }
-                // serialization failure, deadlock, too many connections, shutting down,
-                // connection exceptions: transient, the client may retry.
-                matches!(
-                    db.code().as_deref(),
-                    Some("40001" | "40P01" | "53300" | "57P01" | "57P02" | "57P03")
-                ) || db.code().is_some_and(|c| c.starts_with("08"))
+                db.code().is_some_and(|c| transient_sqlstate(&c))
             }
             _ => false,
         };
@@ -245,6 +240,17 @@ impl From<sqlx::Error> for Error {
             Self::internal(e)
         }
     }
+}
+
+/// SQLSTATEs that say "not now" rather than "never": serialization failure, deadlock, too
+/// many connections, shutting down or starting up, connection exceptions, and a database
+/// that is not accepting connections (55000, as while an operator has closed it) or whose
+/// lock is not available (55P03). The client may retry them: 503.
+fn transient_sqlstate(code: &str) -> bool {
+    matches!(
+        code,
+        "40001" | "40P01" | "53300" | "55000" | "55P03" | "57P01" | "57P02" | "57P03"
+    ) || code.starts_with("08")
 }
 
 /// The error a named constraint's refusal means to the client.
@@ -289,6 +295,19 @@ mod tests {
             error.body(),
             json!({"error": "INTERNAL", "message": "internal error"})
         );
+    }
+
+    #[test]
+    fn a_database_that_says_not_now_is_unavailable_not_broken() {
+        // 55000: "database ... is not currently accepting connections" (the fault
+        // campaign's database outage answered 500 before this was transient).
+        for code in ["55000", "57P01", "57P03", "08006", "40001", "53300"] {
+            assert!(transient_sqlstate(code), "{code}");
+        }
+        // A missing table or a syntax error is ours to fix, not the client's to retry.
+        for code in ["42P01", "42601", "23505"] {
+            assert!(!transient_sqlstate(code), "{code}");
+        }
     }
 
     #[test]

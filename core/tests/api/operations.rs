@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 
 use reqwest::StatusCode;
 use serde_json::Value;
+use sqlx::Connection;
 
 use crate::helpers::{settings_for, voucher_body, TestApp, TestEnv};
 
@@ -190,4 +191,53 @@ async fn the_openapi_document_describes_exactly_the_served_routes() {
         .collect();
     assert_eq!(required, set(&["customerId", "orderId", "orderAmount"]));
     env.finish(&[]).await;
+}
+
+#[tokio::test]
+async fn a_database_closed_to_new_connections_gives_503_not_500() {
+    // What an operator's maintenance (or the fault campaign's database outage) looks like:
+    // the database refuses new connections and ends the open ones. Every answer says
+    // "try again" (503), none says "broken" (500).
+    let env = TestEnv::start().await;
+    env.app.given_voucher(voucher_body("CLOSED", 10, 1)).await;
+    let first = env.app.attempt("CLOSED", "c1", "closed-1", 100_000).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+
+    let (server, _) = env.db.url.rsplit_once('/').expect("url with a name");
+    let mut admin = sqlx::PgConnection::connect(&format!("{server}/postgres"))
+        .await
+        .expect("admin connection");
+    let allow = |on: bool| format!("ALTER DATABASE {} ALLOW_CONNECTIONS {on}", env.db.name);
+    sqlx::query(&allow(false))
+        .execute(&mut admin)
+        .await
+        .expect("closed");
+    sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1")
+        .bind(&env.db.name)
+        .execute(&mut admin)
+        .await
+        .expect("sessions ended");
+
+    let ready = env
+        .app
+        .client
+        .get(format!("{}/readyz", env.app.base))
+        .send()
+        .await
+        .expect("sent");
+    let confirm = env.app.confirm("CLOSED", "closed-1").await;
+    let reserve = env.app.reserve("CLOSED", "c2", "closed-2", 100_000).await;
+    for (what, status) in [
+        ("readyz", ready.status()),
+        ("confirm", confirm.status()),
+        ("reserve", reserve.status()),
+    ] {
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{what}");
+    }
+
+    sqlx::query(&allow(true))
+        .execute(&mut admin)
+        .await
+        .expect("opened");
+    env.finish(&[first.accepted()]).await;
 }
