@@ -58,8 +58,13 @@ pub struct Metrics {
     /// Uses reconciliation gave back, by reason (never_recorded, released_in_db), and uses it
     /// took off a gate that counted too few (repaired).
     pub reconciled: IntCounterVec,
-    /// Gate rebuilds by result (loaded, already_loaded, not_caught_up, error).
+    /// Gate rebuilds by result (loaded, already_loaded, superseded, not_caught_up, error).
     pub gate_rebuilds: IntCounterVec,
+    /// Time of one reconciliation round over every live flash voucher.
+    pub reconcile_duration: Histogram,
+    /// What reconciliation looked at, by kind (unsettled orders, released rows, customers):
+    /// it follows what changed, not the vouchers' sizes.
+    pub reconcile_checked: IntCounterVec,
 }
 
 impl Metrics {
@@ -196,6 +201,22 @@ impl Metrics {
                 "Gate rebuild attempts by result",
                 &["result"],
             ),
+            reconcile_duration: register(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "voucher_reconcile_duration_seconds",
+                        "Time of one reconciliation round over every live flash voucher",
+                    )
+                    .buckets(latency()),
+                ),
+            ),
+            reconcile_checked: counter_vec(
+                &r,
+                "voucher_reconcile_checked_total",
+                "Entries reconciliation looked at, by kind",
+                &["kind"],
+            ),
             registry: r,
         };
         metrics.start_series_at_zero();
@@ -216,7 +237,7 @@ impl Metrics {
                 self.reservations.with_label_values(&[mode, outcome]);
             }
         }
-        let labelled: [(&IntCounterVec, &[&str]); 4] = [
+        let labelled: [(&IntCounterVec, &[&str]); 5] = [
             (&self.expiry_runs, &["ok", "error"]),
             (
                 &self.consumer_events,
@@ -228,7 +249,17 @@ impl Metrics {
             ),
             (
                 &self.gate_rebuilds,
-                &["loaded", "already_loaded", "not_caught_up", "error"],
+                &[
+                    "loaded",
+                    "already_loaded",
+                    "superseded",
+                    "not_caught_up",
+                    "error",
+                ],
+            ),
+            (
+                &self.reconcile_checked,
+                &["unsettled", "released", "customers"],
             ),
         ];
         for (counter, labels) in labelled {

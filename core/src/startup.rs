@@ -72,6 +72,7 @@ impl Application {
                     interval: settings.flash.reconcile_interval,
                     grace: settings.flash.reconcile_grace,
                     catch_up_timeout: settings.flash.catch_up_timeout,
+                    cursors: Default::default(),
                 });
                 (Some(flash), consumer, Some(monitor), reconciler)
             }

@@ -41,7 +41,7 @@ use crate::Result;
 use events::monitor::ConsumerHealth;
 use events::progress::Progress;
 use events::publisher::Publisher;
-use gate::{Gate, GateLoad};
+use gate::Gate;
 use recorder::Recorder;
 
 pub use rebuild::Rebuild;
@@ -111,13 +111,10 @@ impl FlashPath {
         &self.inner.consumer_health
     }
 
-    /// Loads the gate of a voucher just created: nothing can have been published for it.
+    /// Loads the gate of a voucher just created: nothing can have been published for it,
+    /// so there is nothing to wait for; the load itself is the fenced one of a rebuild.
     pub async fn warm_up(&self, voucher: &Voucher) -> Result<()> {
-        let state = GateLoad {
-            remaining: i64::from(voucher.total_limit),
-            ..Default::default()
-        };
-        self.inner.gate.load(voucher, &state).await?;
+        self.load_from_database(voucher).await?;
         Ok(())
     }
 }

@@ -1,14 +1,14 @@
 //! Rebuilding a lost gate from PostgreSQL, and only once PostgreSQL holds every event
 //! published for the voucher: otherwise the gate would count too few uses and oversell.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use anyhow::Context;
+use futures::TryStreamExt;
 
-use super::gate::{GateLoad, OrderRecord};
+use super::gate::{LoadStart, OrderRecord, CHUNK};
 use super::FlashPath;
-use crate::domain::{Reservation, ReservationStatus, Voucher};
+use crate::domain::Voucher;
 use crate::{Error, Result};
 
 /// How a rebuild ended.
@@ -16,6 +16,8 @@ use crate::{Error, Result};
 pub enum Rebuild {
     Loaded,
     AlreadyLoaded,
+    /// A load of a newer read began meanwhile; it opens the gate, not this one.
+    Superseded,
     /// The consumer did not catch up in time; the next reservation tries again.
     NotCaughtUp,
 }
@@ -25,30 +27,8 @@ impl Rebuild {
         match self {
             Self::Loaded => "loaded",
             Self::AlreadyLoaded => "already_loaded",
+            Self::Superseded => "superseded",
             Self::NotCaughtUp => "not_caught_up",
-        }
-    }
-}
-
-/// The gate as PostgreSQL knows it: uses left, uses per customer, every order's record.
-impl GateLoad {
-    pub fn from_rows(voucher: &Voucher, rows: &[Reservation]) -> Self {
-        let mut users: HashMap<String, i64> = HashMap::new();
-        let mut active = 0;
-        for r in rows
-            .iter()
-            .filter(|r| r.status != ReservationStatus::Released)
-        {
-            active += 1;
-            *users.entry(r.customer_id.to_string()).or_default() += 1;
-        }
-        Self {
-            remaining: i64::from(voucher.total_limit) - active,
-            users: users.into_iter().collect(),
-            orders: rows
-                .iter()
-                .map(|r| (r.order_id.to_string(), OrderRecord::from(r)))
-                .collect(),
         }
     }
 }
@@ -107,75 +87,75 @@ impl FlashPath {
         if !caught_up {
             return Ok(Rebuild::NotCaughtUp);
         }
-        // 3. The gate as PostgreSQL knows it.
-        let rows = self.inner.store.voucher_reservations(&voucher.code).await?;
-        let state = GateLoad::from_rows(voucher, &rows);
-        // 4. Claims of its orders first (lost with the gate, or not), so no other voucher
-        //    can take one of them once the gate reopens; then load, unless another instance
-        //    got there first.
-        let orders: Vec<String> = state.orders.iter().map(|(o, _)| o.clone()).collect();
-        self.inner.gate.claim_orders(&voucher.code, &orders).await?;
-        if self.inner.gate.load(voucher, &state).await? {
+        // 3. Load it from PostgreSQL; edges that flagged it sold out while it was closed
+        //    look again.
+        let outcome = self.load_from_database(voucher).await?;
+        if outcome == Rebuild::Loaded {
             self.inner.gate.announce_available(&voucher.code).await;
+        }
+        Ok(outcome)
+    }
+
+    /// Loads the voucher's gate from PostgreSQL, fenced and in pieces:
+    ///
+    /// 1. one consistent read takes the voucher's next generation (a later generation is
+    ///    always a later read);
+    /// 2. the gate is filled while closed, [`CHUNK`] entries per Redis call, so a voucher of
+    ///    any size loads without a long call; each chunk's order claims are restored first,
+    ///    so no other voucher can take one of these orders once the gate opens;
+    /// 3. it opens only if the generation is still the voucher's latest in PostgreSQL and
+    ///    the loading marker in Redis is still this load's. A slow load of an older read
+    ///    (a paused core) can therefore never open over a newer one, even if Redis lost
+    ///    everything in between: the newer load bumped the generation first.
+    pub async fn load_from_database(&self, voucher: &Voucher) -> Result<Rebuild> {
+        let (gate, store) = (&self.inner.gate, &self.inner.store);
+        let mut read = store.read_gate(&voucher.code, voucher.total_limit).await?;
+        let (start, loading) = gate.begin_load(voucher, read.generation).await?;
+        match start {
+            LoadStart::Started => {}
+            LoadStart::AlreadyLoaded => {
+                read.finish().await?;
+                return Ok(Rebuild::AlreadyLoaded);
+            }
+            LoadStart::Superseded => {
+                read.finish().await?;
+                return Ok(Rebuild::Superseded);
+            }
+        }
+        let remaining = read.remaining;
+        let mut filled = true;
+        {
+            let mut rows = read.reservations().try_chunks(CHUNK);
+            while let Some(chunk) = rows.try_next().await.map_err(|e| e.1)? {
+                let orders: Vec<(String, OrderRecord)> = chunk
+                    .iter()
+                    .map(|r| (r.order_id.to_string(), OrderRecord::from(r)))
+                    .collect();
+                let ids: Vec<String> = orders.iter().map(|(o, _)| o.clone()).collect();
+                gate.claim_orders(&voucher.code, &ids).await?;
+                if !gate.fill_load(&loading, &[], &orders).await? {
+                    filled = false;
+                    break;
+                }
+            }
+        }
+        if filled {
+            let mut customers = read.customers().try_chunks(CHUNK);
+            while let Some(chunk) = customers.try_next().await.map_err(|e| e.1)? {
+                if !gate.fill_load(&loading, &chunk, &[]).await? {
+                    filled = false;
+                    break;
+                }
+            }
+        }
+        read.finish().await?;
+        if !filled || store.gate_generation(&voucher.code).await? != loading.generation() {
+            return Ok(Rebuild::Superseded);
+        }
+        if gate.open_load(&loading, remaining).await? {
             Ok(Rebuild::Loaded)
         } else {
-            Ok(Rebuild::AlreadyLoaded)
+            Ok(Rebuild::Superseded)
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use chrono::{TimeZone, Utc};
-
-    use super::*;
-    use crate::domain::{CustomerId, Money, OrderId, VoucherCode, VoucherMode};
-
-    fn row(order: &str, customer: &str, status: ReservationStatus) -> Reservation {
-        let at = Utc
-            .timestamp_millis_opt(1_795_982_069_000)
-            .single()
-            .expect("time");
-        Reservation {
-            order_id: OrderId::parse(order).expect("order"),
-            voucher_code: VoucherCode::parse("V1").expect("code"),
-            customer_id: CustomerId::parse(customer).expect("customer"),
-            order_amount: Money::from_db(250_000),
-            discount_amount: Money::from_db(100_000),
-            status,
-            reserved_at: at,
-            expires_at: at + chrono::Duration::minutes(15),
-        }
-    }
-
-    #[test]
-    fn a_gate_rebuilt_from_rows_counts_only_held_uses() {
-        let now = Utc::now();
-        let voucher = Voucher {
-            code: VoucherCode::parse("V1").expect("code"),
-            discount_amount: Money::from_db(100_000),
-            min_order_amount: Money::from_db(0),
-            total_limit: 10,
-            per_user_limit: 2,
-            starts_at: now,
-            ends_at: now + chrono::Duration::hours(1),
-            mode: VoucherMode::Flash,
-            created_at: now,
-        };
-        let rows = [
-            row("o1", "alice", ReservationStatus::Reserved),
-            row("o2", "alice", ReservationStatus::Confirmed),
-            row("o3", "bob", ReservationStatus::Released),
-        ];
-        let load = GateLoad::from_rows(&voucher, &rows);
-        assert_eq!(load.remaining, 8, "a released row holds no use");
-        assert_eq!(load.users, vec![("alice".to_owned(), 2)]);
-        assert_eq!(
-            load.orders.len(),
-            3,
-            "every order keeps its record for retries"
-        );
-        let released = load.orders.iter().find(|(o, _)| o == "o3").expect("o3");
-        assert!(!released.1.state.holds());
     }
 }

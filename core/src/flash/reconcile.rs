@@ -1,31 +1,51 @@
 //! Reconciliation of flash vouchers: compares the Redis gate with PostgreSQL, exports the
-//! drift, and gives back uses the gate holds for orders that never reached the database.
+//! drift, gives back uses the gate holds for orders that never reached the database, and
+//! repairs a gate that counts fewer uses than PostgreSQL holds.
 //!
 //! One instance reconciles at a time (a PostgreSQL advisory lock held for the round).
-//! Each round: read every gate (one atomic snapshot per voucher), *then* wait until the
-//! consumer group has committed everything published so far. After that, an order in a
-//! snapshot without its row will never get one, provided its latest publish started more
-//! than `flash.reconcile_grace` ago (longer than the producer keeps trying): its use is given
-//! back. An order held in the gate but released in PostgreSQL (the gate step of a release
-//! failed) is released in the gate too. Both go through the one give-back path, which
-//! tells the edges. Then the gate's count itself is checked: if it counts fewer uses than
-//! PostgreSQL's rows and the reservations in flight hold (a stale, restored, partly evicted
-//! or tampered gate), the difference is taken off its remaining count at once, so the gate
-//! stops selling uses PostgreSQL has already given. (A gate that counts too many is only
-//! reported: giving uses back on a guess could oversell.)
+//! Each round reads every gate first (one short atomic snapshot per voucher: the remaining
+//! count and the *unsettled* orders, those the gate took whose row was not yet seen), *then*
+//! waits until the writers have stored everything published so far. After that, per voucher:
+//!
+//! - an unsettled order with its row is settled (dropped from the set); one whose row is
+//!   released is released in the gate too; one without a row will never get one, provided
+//!   its latest publish started more than `flash.reconcile_grace` ago (longer than the
+//!   producer keeps trying): its use is given back;
+//! - rows released since the last round whose gate record still holds (the gate step of a
+//!   release failed) are released in the gate;
+//! - the gate's count is checked against the voucher's counter: uses the gate should count
+//!   are the active rows reserved by the snapshot plus the orders still in flight. If the
+//!   gate counts fewer (a stale, restored, partly evicted or tampered gate), the difference
+//!   is taken off its remaining count at once, so it stops selling uses PostgreSQL has
+//!   already given. (A gate that counts too many is only reported: giving uses back on a
+//!   guess could oversell.)
+//! - one page of customers is checked per round, in turn, and counts the gate holds too low
+//!   are raised.
+//!
+//! Every read is bounded by the reservations in flight or by a page size, never by the
+//! voucher's size: a million-use voucher costs a round what a small one does.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
-use super::gate::{GateSnapshot, GiveBack, OrderRecord, RecordState, ReleaseOutcome};
+use super::gate::{GateSnapshot, GiveBack, RecordState, ReleaseOutcome, CHUNK};
 use super::FlashPath;
-use crate::domain::{OrderId, Reservation, ReservationStatus, Voucher};
+use crate::domain::{utc_from_millis, OrderId, ReservationStatus, Voucher, VoucherCode};
 use crate::metrics::Metrics;
 use crate::store::Store;
 use crate::Result;
+
+/// Customers checked per voucher and round: the page of the per-customer sweep.
+const CUSTOMERS_PER_ROUND: i64 = 2_000;
+/// Released rows looked at per voucher and round.
+const RELEASED_PER_ROUND: i64 = 5_000;
+/// How far behind the database's clock the released-rows cursor stays: a release whose
+/// transaction began earlier but committed after a round's read is still seen next round.
+const RELEASED_MARGIN: chrono::Duration = chrono::Duration::seconds(60);
 
 pub struct Reconciler {
     pub flash: FlashPath,
@@ -35,6 +55,17 @@ pub struct Reconciler {
     /// How old a record's latest publish must be before its use may be given back.
     pub grace: Duration,
     pub catch_up_timeout: Duration,
+    /// Where each voucher's incremental reads stand.
+    pub cursors: Mutex<HashMap<VoucherCode, Cursors>>,
+}
+
+/// Where one voucher's incremental reads stand between rounds.
+#[derive(Debug, Clone, Default)]
+pub struct Cursors {
+    /// The last released row looked at: (released_at, order id).
+    released: Option<(DateTime<Utc>, String)>,
+    /// The last customer checked; the sweep starts over after the last page.
+    customer: String,
 }
 
 /// What one voucher's reconciliation found.
@@ -70,7 +101,9 @@ impl Reconciler {
         let Some(turn) = self.store.exclusive_turn("reconcile").await? else {
             return Ok(Vec::new());
         };
+        let timer = self.metrics.reconcile_duration.start_timer();
         let reports = self.reconcile_all().await;
+        timer.observe_duration();
         turn.rollback().await?;
         reports
     }
@@ -110,119 +143,233 @@ impl Reconciler {
         Ok(reports)
     }
 
+    fn checked(&self, kind: &str, n: usize) {
+        self.metrics
+            .reconcile_checked
+            .with_label_values(&[kind])
+            .inc_by(n as u64);
+    }
+
+    fn cursors(&self, code: &VoucherCode) -> Cursors {
+        self.cursors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(code)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    fn keep_cursors(&self, code: &VoucherCode, cursors: Cursors) {
+        self.cursors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(code.clone(), cursors);
+    }
+
     async fn reconcile(&self, voucher: &Voucher, snapshot: GateSnapshot) -> Result<VoucherReport> {
-        let rows: HashMap<String, Reservation> = self
-            .store
-            .voucher_reservations(&voucher.code)
-            .await?
-            .into_iter()
-            .map(|r| (r.order_id.to_string(), r))
-            .collect();
+        let code = &voucher.code;
+        let mut cursors = self.cursors(code);
         // Records carry Redis's time; the cutoff is taken on the same clock.
         let grace = i64::try_from(self.grace.as_millis()).unwrap_or(i64::MAX);
         let cutoff = snapshot.at_ms.saturating_sub(grace);
+        let at = utc_from_millis(snapshot.at_ms);
+        let orders: Vec<String> = snapshot.unsettled.iter().map(|(o, _)| o.clone()).collect();
+        let view = self.store.reconcile_view(code, &orders, at).await?;
+        self.checked("unsettled", orders.len());
+        let rows: HashMap<&str, ReservationStatus> = view
+            .rows
+            .iter()
+            .map(|r| (r.order_id.as_str(), r.status))
+            .collect();
+
         let mut report = VoucherReport::default();
+        // The gate's remaining count as of the snapshot, plus what this round gives back.
         let mut remaining = snapshot.remaining;
-        let mut users = snapshot.users.clone();
-        let mut forgotten = std::collections::HashSet::new();
-        for (order, record) in &snapshot.orders {
-            if !record.state.holds() {
-                continue;
-            }
-            let Ok(order_id) = OrderId::parse(order.clone()) else {
-                continue;
-            };
-            let how = match rows.get(order).map(|r| r.status) {
-                None if record.publish_ms <= cutoff => GiveBack::Forget {
+        let mut settled = Vec::new();
+        let mut in_flight = 0;
+        for (order, record) in &snapshot.unsettled {
+            let holds = record.as_ref().is_some_and(|r| r.state.holds());
+            let how = match (rows.get(order.as_str()), record) {
+                (Some(ReservationStatus::Released), Some(_)) if holds => GiveBack::Release,
+                (Some(_), _) | (None, None) => {
+                    settled.push(order.clone());
+                    continue;
+                }
+                (None, Some(_)) if !holds => {
+                    settled.push(order.clone());
+                    continue;
+                }
+                (None, Some(r)) if r.publish_ms <= cutoff => GiveBack::Forget {
                     states: vec![RecordState::Pending, RecordState::Accepted],
                     published_by_ms: cutoff,
                 },
-                Some(ReservationStatus::Released) => GiveBack::Release,
-                _ => continue,
-            };
-            let reason = if matches!(how, GiveBack::Release) {
-                "released_in_db"
-            } else {
-                "never_recorded"
-            };
-            if self.flash.give_back(&voucher.code, &order_id, how).await?
-                == ReleaseOutcome::Released
-            {
-                tracing::warn!(code = %voucher.code, %order_id, reason, "reconciliation gave a use back");
-                self.metrics.reconciled.with_label_values(&[reason]).inc();
-                remaining += 1;
-                if let Some(held) = users.get_mut(&record.customer_id) {
-                    *held -= 1;
+                (None, Some(_)) => {
+                    in_flight += 1;
+                    continue;
                 }
-                if reason == "released_in_db" {
-                    report.released += 1;
-                } else {
-                    report.forgotten += 1;
-                    forgotten.insert(order.clone());
+            };
+            let reason = match how {
+                GiveBack::Release => "released_in_db",
+                GiveBack::Forget { .. } => "never_recorded",
+            };
+            let Ok(order_id) = OrderId::parse(order.clone()) else {
+                continue;
+            };
+            match self.flash.give_back(code, &order_id, how).await? {
+                ReleaseOutcome::Released => {
+                    tracing::warn!(%code, %order_id, reason, "reconciliation gave a use back");
+                    self.metrics.reconciled.with_label_values(&[reason]).inc();
+                    remaining += 1;
+                    if reason == "released_in_db" {
+                        report.released += 1;
+                    } else {
+                        report.forgotten += 1;
+                    }
                 }
+                // Re-published since the snapshot: still in flight.
+                ReleaseOutcome::Busy => in_flight += 1,
+                _ => {}
             }
         }
-        // Uses the gate should count: rows that hold one, plus records in flight (holding,
-        // no row yet, not forgotten). A row whose order is not in the snapshot counts only if
-        // it is older than the cutoff: a younger one may have been reserved after the
-        // snapshot. Undercounting here only ever makes the repair smaller.
-        let in_snapshot: HashMap<&str, &OrderRecord> = snapshot
-            .orders
-            .iter()
-            .map(|(o, r)| (o.as_str(), r))
-            .collect();
-        let mut legit: HashMap<&str, i64> = HashMap::new();
-        let mut db_active = 0;
-        for (order, r) in &rows {
-            let counts = r.status != ReservationStatus::Released
-                && (in_snapshot.contains_key(order.as_str())
-                    || r.reserved_at.timestamp_millis() <= cutoff);
-            if counts {
-                db_active += 1;
-                *legit.entry(r.customer_id.as_str()).or_default() += 1;
-            }
-        }
-        let mut in_flight = 0;
-        for (order, r) in &snapshot.orders {
-            if r.state.holds() && !rows.contains_key(order) && !forgotten.contains(order) {
-                in_flight += 1;
-                *legit.entry(r.customer_id.as_str()).or_default() += 1;
-            }
-        }
+        self.flash.gate().settle(code, &settled).await?;
+        let (released, next) = self
+            .release_released_rows(voucher, snapshot.at_ms, &cursors)
+            .await?;
+        remaining += released;
+        report.released += usize::try_from(released).unwrap_or(0);
+        cursors.released = next;
+
+        // Uses the gate should count as of the snapshot: active rows reserved by then, and
+        // the orders still in flight (holding, no row yet, not given back). When the
+        // snapshot could not hold every unsettled order, the count is not checked this round.
         let gate_used = i64::from(voucher.total_limit) - remaining;
-        let drift = gate_used - db_active - in_flight;
-        // Customers the gate counts fewer uses for than they hold would pass their limit.
-        let customers: Vec<(String, i64)> = legit
-            .iter()
-            .filter_map(|(customer, held)| {
-                let counted = users.get(*customer).copied().unwrap_or(0);
-                (counted < *held).then(|| ((*customer).to_owned(), held - counted))
-            })
-            .collect();
-        if drift < 0 || !customers.is_empty() {
+        let drift = gate_used - view.active_by - in_flight;
+        if drift < 0 && snapshot.is_complete() {
             // The gate would sell uses PostgreSQL has already given: take them off now.
-            let taken = drift.min(0);
             if self
                 .flash
                 .gate()
-                .adjust(voucher, taken, &customers)
+                .adjust(voucher, drift, &[])
                 .await?
                 .is_some()
             {
-                tracing::error!(code = %voucher.code, uses = -taken, customers = customers.len(), "gate counted fewer uses than PostgreSQL holds; repaired");
+                tracing::error!(%code, uses = -drift, "gate counted fewer uses than PostgreSQL holds; repaired");
                 self.metrics
                     .reconciled
                     .with_label_values(&["repaired"])
-                    .inc_by(taken.unsigned_abs());
-                report.repaired = -taken;
-                report.repaired_customers = customers.len();
-                remaining += taken;
+                    .inc_by(drift.unsigned_abs());
+                report.repaired = -drift;
+                remaining += drift;
             }
         }
-        report.drift = i64::from(voucher.total_limit) - remaining - db_active - in_flight;
-        if report.drift != 0 {
-            tracing::warn!(code = %voucher.code, drift = report.drift, "gate counts more uses than PostgreSQL and the reservations in flight");
+        report.repaired_customers = self.repair_customers(voucher, &mut cursors).await?;
+        report.drift = i64::from(voucher.total_limit) - remaining - view.active_by - in_flight;
+        if report.drift != 0 && snapshot.is_complete() {
+            tracing::warn!(%code, drift = report.drift, "gate counts more uses than PostgreSQL and the reservations in flight");
         }
+        self.keep_cursors(code, cursors);
         Ok(report)
+    }
+
+    /// Releases in the gate the orders released in PostgreSQL since the cursor whose record
+    /// still holds a use taken by the snapshot. Returns the uses given back and the cursor
+    /// to keep.
+    async fn release_released_rows(
+        &self,
+        voucher: &Voucher,
+        snapshot_ms: i64,
+        cursors: &Cursors,
+    ) -> Result<(i64, Option<(DateTime<Utc>, String)>)> {
+        let code = &voucher.code;
+        let db_now = self.store.now().await?;
+        let start = cursors
+            .released
+            .clone()
+            .unwrap_or((DateTime::<Utc>::UNIX_EPOCH, String::new()));
+        let page = self
+            .store
+            .released_after(code, &start, RELEASED_PER_ROUND)
+            .await?;
+        let orders: Vec<String> = page.iter().map(|(_, o)| o.clone()).collect();
+        self.checked("released", orders.len());
+        let records = self.flash.gate().records(code, &orders).await?;
+        let mut given = 0;
+        for (order, record) in orders.iter().zip(records) {
+            // A use taken after the snapshot is not in its count: leave it to the next round.
+            let Some(record) = record.filter(|r| r.state.holds() && r.reserved_ms <= snapshot_ms)
+            else {
+                continue;
+            };
+            let Ok(order_id) = OrderId::parse(order.clone()) else {
+                continue;
+            };
+            if self
+                .flash
+                .give_back(code, &order_id, GiveBack::Release)
+                .await?
+                == ReleaseOutcome::Released
+            {
+                tracing::warn!(%code, %order_id, customer = %record.customer_id, "reconciliation released a use released in PostgreSQL");
+                self.metrics
+                    .reconciled
+                    .with_label_values(&["released_in_db"])
+                    .inc();
+                given += 1;
+            }
+        }
+        // Never past the database's clock minus the margin: a release still committing
+        // carries an earlier time than rows already seen.
+        let floor = (db_now - RELEASED_MARGIN, String::new());
+        let next = match page.last() {
+            Some(last) if last.clone() < floor => Some(last.clone()),
+            _ => Some(floor.max(start)),
+        };
+        Ok((given, next))
+    }
+
+    /// Checks one page of customers: a count the gate holds lower than PostgreSQL's active
+    /// rows (reserved by the moment the gate was read) is raised to it. Returns how many
+    /// were raised.
+    async fn repair_customers(&self, voucher: &Voucher, cursors: &mut Cursors) -> Result<usize> {
+        let code = &voucher.code;
+        let page = self
+            .store
+            .customers_after(code, &cursors.customer, CUSTOMERS_PER_ROUND)
+            .await?;
+        self.checked("customers", page.len());
+        cursors.customer = if (page.len() as i64) < CUSTOMERS_PER_ROUND {
+            String::new()
+        } else {
+            page.last().cloned().unwrap_or_default()
+        };
+        let mut raised = 0;
+        for chunk in page.chunks(CHUNK) {
+            // The gate first, then PostgreSQL: a use is taken in the gate before its row
+            // exists and released in PostgreSQL before the gate, so reading in this order
+            // never shows the gate lower than it is.
+            let Some((at_ms, counted)) = self.flash.gate().customer_counts(code, chunk).await?
+            else {
+                return Ok(raised);
+            };
+            let held: HashMap<String, i64> = self
+                .store
+                .customer_uses_by(code, chunk, utc_from_millis(at_ms))
+                .await?
+                .into_iter()
+                .collect();
+            let low: Vec<(String, i64)> = chunk
+                .iter()
+                .zip(counted)
+                .filter_map(|(customer, counted)| {
+                    let held = held.get(customer).copied().unwrap_or(0);
+                    (counted < held).then(|| (customer.clone(), held - counted))
+                })
+                .collect();
+            if !low.is_empty() && self.flash.gate().adjust(voucher, 0, &low).await?.is_some() {
+                tracing::error!(%code, customers = low.len(), "gate counted fewer uses than customers hold; repaired");
+                raised += low.len();
+            }
+        }
+        Ok(raised)
     }
 }

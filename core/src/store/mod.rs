@@ -4,7 +4,8 @@
 //! - `reservations`: the standard-mode reservation transaction, confirm, release, reads;
 //! - `batch`: reservations decided by the flash gate, recorded many per transaction;
 //! - `partitions`: which core writes which event partition, and where each one is;
-//! - `expiry`: the batch that releases reservations past their TTL.
+//! - `expiry`: the batch that releases reservations past their TTL;
+//! - `gate_state`: what a flash gate is loaded from and reconciled against.
 //!
 //! Lock order, to keep transactions free of deadlocks: a redemption row, then the
 //! `customer_usage` rows (sorted), then the `vouchers` rows (sorted). Every transaction
@@ -12,6 +13,7 @@
 
 mod batch;
 mod expiry;
+mod gate_state;
 mod partitions;
 mod reservations;
 mod vouchers;
@@ -21,6 +23,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
 pub use batch::BatchResult;
+pub use gate_state::{GateRead, ReconcileView};
 pub use partitions::{OwnedPartition, PartitionKey};
 pub use reservations::ReserveOutcome;
 

@@ -11,9 +11,7 @@ use reqwest::StatusCode;
 use voucher_core::domain::{OrderId, VoucherCode};
 
 use crate::helpers::{rfc3339, voucher_body, TestEnv};
-use crate::stack::{flash_voucher, CoreProcess, FlashStack};
-
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+use crate::stack::{flash_voucher, CoreProcess, FlashStack, CLOCK_MINUTE_BEHIND};
 
 /// A body for a voucher whose sale started `ago` by the true clock.
 fn started(mut body: serde_json::Value, ago: Duration) -> serde_json::Value {
@@ -37,16 +35,7 @@ async fn a_core_whose_clock_is_a_minute_behind_answers_as_one_on_time() {
     let settings = crate::helpers::settings_for(&env.db.url);
     // libfaketime (Debian's faketime) preloaded: the wall clock a minute behind; monotonic
     // time real, as on a machine whose clock is wrong.
-    let skewed = CoreProcess::start(
-        binary,
-        &settings,
-        &[
-            ("LD_PRELOAD", LIBFAKETIME),
-            ("FAKETIME", "-60s"),
-            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
-        ],
-    )
-    .await;
+    let skewed = CoreProcess::start(binary, &settings, &CLOCK_MINUTE_BEHIND).await;
     // The skew is real: the skewed core dates its answers a minute back.
     let health = skewed
         .api

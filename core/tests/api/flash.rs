@@ -529,7 +529,7 @@ async fn a_new_voucher_never_inherits_the_gate_keys_of_an_old_one() {
         remaining: 0,
         ..Default::default()
     };
-    assert!(env.gate.load(&old, &sold_out).await.expect("redis"));
+    assert!(env.gate.load(&old, 1, &sold_out).await.expect("redis"));
 
     env.app().given_voucher(flash_voucher("REUSE", 10, 1)).await;
     let first = env.app().attempt("REUSE", "c1", "o1", 100_000).await;
@@ -602,7 +602,7 @@ async fn delete_claims(prefix: &str) {
 }
 
 /// A reconciler over the stack's gate and database, run by hand at a known moment.
-fn reconciler(env: &FlashStack) -> Reconciler {
+pub(crate) fn reconciler(env: &FlashStack) -> Reconciler {
     let store = Store::new(env.pool.clone());
     Reconciler {
         flash: FlashPath::new(
@@ -618,6 +618,7 @@ fn reconciler(env: &FlashStack) -> Reconciler {
         interval: Duration::from_secs(60),
         grace: env.settings.flash.reconcile_grace,
         catch_up_timeout: Duration::from_secs(30),
+        cursors: Default::default(),
     }
 }
 

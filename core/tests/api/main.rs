@@ -7,6 +7,7 @@ mod constraints;
 mod consumer;
 mod expiry;
 mod flash;
+mod gate_load;
 mod input;
 mod operations;
 mod reservations;

@@ -76,7 +76,7 @@ pub enum GiveBack {
     },
 }
 
-/// The state a gate is loaded with.
+/// The state a gate is loaded with in one piece (a new voucher, tests, the benchmark).
 #[derive(Debug, Clone, Default)]
 pub struct GateLoad {
     pub remaining: i64,
@@ -84,16 +84,56 @@ pub struct GateLoad {
     pub orders: Vec<(String, OrderRecord)>,
 }
 
-/// A consistent read of a loaded gate.
+/// How the start of a load ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadStart {
+    /// This load may fill the gate now.
+    Started,
+    /// The voucher's gate is open already: another load won.
+    AlreadyLoaded,
+    /// A load of a later generation (a newer read) is under way.
+    Superseded,
+}
+
+/// A load under way: the voucher it is for and the generation of its PostgreSQL read.
+pub struct Loading<'a> {
+    voucher: &'a Voucher,
+    generation: i64,
+    marker: String,
+}
+
+impl Loading<'_> {
+    pub fn generation(&self) -> i64 {
+        self.generation
+    }
+}
+
+/// What reconciliation reads of a loaded gate, in one consistent step.
 #[derive(Debug, Clone)]
 pub struct GateSnapshot {
     /// When it was read, by Redis's clock (the clock of the records' times).
     pub at_ms: i64,
     pub remaining: i64,
-    /// Uses each customer holds, as the gate counts them.
-    pub users: std::collections::HashMap<String, i64>,
-    pub orders: Vec<(String, OrderRecord)>,
+    /// How many orders are unsettled (all of them, even beyond `unsettled`).
+    pub unsettled_count: usize,
+    /// The oldest unsettled orders with their records (`None`: the record is gone).
+    pub unsettled: Vec<(String, Option<OrderRecord>)>,
 }
+
+impl GateSnapshot {
+    /// Whether `unsettled` holds every unsettled order.
+    pub fn is_complete(&self) -> bool {
+        self.unsettled.len() == self.unsettled_count
+    }
+}
+
+/// Most unsettled orders one snapshot reads: the snapshot stays a short Redis call however
+/// far reconciliation fell behind, and the rest waits for the next rounds.
+pub const SNAPSHOT_UNSETTLED_MAX: usize = 5_000;
+
+/// Entries per Redis call when a gate is loaded or read in pieces: each call stays well under
+/// a millisecond of Redis's time.
+pub const CHUNK: usize = 500;
 
 /// The reserve script, public so the benchmark can measure it alone.
 pub const RESERVE_SCRIPT: &str = include_str!("lua/reserve.lua");
@@ -103,10 +143,13 @@ const ORDER_CLAIM_TTL_SECS: u64 = 30 * 24 * 3600;
 
 struct Scripts {
     adjust: Script,
+    counts: Script,
     reserve: Script,
     mark: Script,
     release: Script,
-    load: Script,
+    load_begin: Script,
+    load_fill: Script,
+    load_open: Script,
     snapshot: Script,
 }
 
@@ -126,6 +169,11 @@ struct Keys {
     remaining: String,
     users: String,
     orders: String,
+    /// Orders taken by the gate whose row reconciliation has not seen yet (sorted set, score:
+    /// the latest publish start in ms).
+    unsettled: String,
+    /// `identity|generation` of the load under way, while the gate is being filled.
+    loading: String,
 }
 
 fn redis_down(e: redis::RedisError) -> Error {
@@ -151,10 +199,13 @@ impl Gate {
         let conn = ConnectionManager::new_with_config(client, config).await?;
         let scripts = Scripts {
             adjust: Script::new(include_str!("lua/adjust.lua")),
+            counts: Script::new(include_str!("lua/counts.lua")),
             reserve: Script::new(RESERVE_SCRIPT),
             mark: Script::new(include_str!("lua/mark.lua")),
             release: Script::new(include_str!("lua/release.lua")),
-            load: Script::new(include_str!("lua/load.lua")),
+            load_begin: Script::new(include_str!("lua/load_begin.lua")),
+            load_fill: Script::new(include_str!("lua/load_fill.lua")),
+            load_open: Script::new(include_str!("lua/load_open.lua")),
             snapshot: Script::new(include_str!("lua/snapshot.lua")),
         };
         let gate = Self {
@@ -172,10 +223,13 @@ impl Gate {
         let mut conn = self.conn.clone();
         for script in [
             &self.scripts.adjust,
+            &self.scripts.counts,
             &self.scripts.reserve,
             &self.scripts.mark,
             &self.scripts.release,
-            &self.scripts.load,
+            &self.scripts.load_begin,
+            &self.scripts.load_fill,
+            &self.scripts.load_open,
             &self.scripts.snapshot,
         ] {
             script.prepare_invoke().load_async(&mut conn).await?;
@@ -190,6 +244,8 @@ impl Gate {
             remaining: format!("{base}:remaining"),
             users: format!("{base}:users"),
             orders: format!("{base}:orders"),
+            unsettled: format!("{base}:unsettled"),
+            loading: format!("{base}:loading"),
         }
     }
 
@@ -205,6 +261,7 @@ impl Gate {
             .key(&k.remaining)
             .key(&k.users)
             .key(&k.orders)
+            .key(&k.unsettled)
             .arg(request.order_id.as_str())
             .arg(request.customer_id.as_str())
             .arg(request.order_amount.minor_units())
@@ -249,6 +306,7 @@ impl Gate {
         let mut invocation = self.scripts.mark.prepare_invoke();
         invocation
             .key(&k.orders)
+            .key(&k.unsettled)
             .arg(order_id.as_str())
             .arg(from)
             .arg(to.letter().to_string());
@@ -294,6 +352,7 @@ impl Gate {
             .key(&k.remaining)
             .key(&k.users)
             .key(&k.orders)
+            .key(&k.unsettled)
             .arg(order_id.as_str());
         match &how {
             GiveBack::Release => {
@@ -321,17 +380,89 @@ impl Gate {
         })
     }
 
-    /// Loads the gate unless this voucher's gate is loaded; `true` when this call loaded it.
-    /// Keys an older voucher of the same code left behind are replaced, never inherited.
-    #[tracing::instrument(name = "gate.load", skip_all, fields(code = %voucher.code))]
-    pub async fn load(&self, voucher: &Voucher, state: &GateLoad) -> Result<bool> {
+    /// Starts loading `voucher`'s gate from a PostgreSQL read of `generation`: the gate is
+    /// closed (reservations see it not loaded) until [`Gate::open_load`]. Keys an older
+    /// voucher of the same code left behind are replaced, never inherited.
+    #[tracing::instrument(name = "gate.load_begin", skip_all, fields(code = %voucher.code, generation))]
+    pub async fn begin_load<'a>(
+        &self,
+        voucher: &'a Voucher,
+        generation: i64,
+    ) -> Result<(LoadStart, Loading<'a>)> {
         let k = self.keys(&voucher.code);
-        let mut invocation = self.scripts.load.prepare_invoke();
-        invocation
+        let outcome: String = self
+            .scripts
+            .load_begin
             .key(&k.meta)
             .key(&k.remaining)
             .key(&k.users)
             .key(&k.orders)
+            .key(&k.unsettled)
+            .key(&k.loading)
+            .arg(identity(voucher))
+            .arg(generation)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_down)?;
+        let start = match outcome.as_str() {
+            "STARTED" => LoadStart::Started,
+            "REPLACED" => {
+                tracing::warn!(code = %voucher.code, "gate keys of an older voucher with this code replaced");
+                LoadStart::Started
+            }
+            "LOADED" => LoadStart::AlreadyLoaded,
+            "SUPERSEDED" => LoadStart::Superseded,
+            other => return Err(Error::corrupt(format!("load outcome {other:?}"))),
+        };
+        let loading = Loading {
+            voucher,
+            generation,
+            marker: format!("{}|{generation}", identity(voucher)),
+        };
+        Ok((start, loading))
+    }
+
+    /// Adds a chunk of customers' counts and orders' records to a load under way; `false`
+    /// when another load took over (nothing written). Callers send at most [`CHUNK`] entries.
+    pub async fn fill_load(
+        &self,
+        loading: &Loading<'_>,
+        users: &[(String, i64)],
+        orders: &[(String, OrderRecord)],
+    ) -> Result<bool> {
+        let k = self.keys(&loading.voucher.code);
+        let mut invocation = self.scripts.load_fill.prepare_invoke();
+        invocation
+            .key(&k.loading)
+            .key(&k.users)
+            .key(&k.orders)
+            .arg(&loading.marker)
+            .arg(users.len());
+        for (customer, held) in users {
+            invocation.arg(customer).arg(*held);
+        }
+        for (order, record) in orders {
+            invocation.arg(order).arg(record.format());
+        }
+        let filled: i64 = invocation
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_down)?;
+        Ok(filled == 1)
+    }
+
+    /// Opens a filled gate with `remaining` uses, if its load is still the one under way.
+    /// The caller checks first that its generation is still the voucher's latest.
+    pub async fn open_load(&self, loading: &Loading<'_>, remaining: i64) -> Result<bool> {
+        let voucher = loading.voucher;
+        let k = self.keys(&voucher.code);
+        let opened: i64 = self
+            .scripts
+            .load_open
+            .key(&k.meta)
+            .key(&k.remaining)
+            .key(&k.loading)
+            .arg(&loading.marker)
             .arg(identity(voucher))
             .arg(voucher.total_limit)
             .arg(voucher.per_user_limit)
@@ -339,22 +470,34 @@ impl Gate {
             .arg(ms(voucher.ends_at))
             .arg(voucher.min_order_amount.minor_units())
             .arg(voucher.discount_amount.minor_units())
-            .arg(state.remaining)
-            .arg(state.users.len());
-        for (customer, held) in &state.users {
-            invocation.arg(customer).arg(*held);
-        }
-        for (order, record) in &state.orders {
-            invocation.arg(order).arg(record.format());
-        }
-        let loaded: i64 = invocation
+            .arg(remaining)
+            .arg(loading.generation)
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(redis_down)?;
-        if loaded == 2 {
-            tracing::warn!(code = %voucher.code, "gate keys of an older voucher with this code replaced");
+        Ok(opened == 1)
+    }
+
+    /// Loads a whole gate in one go (begin, fill in chunks, open), unless this voucher's
+    /// gate is open; `true` when this call opened it. Unfenced against PostgreSQL: for
+    /// states known whole (tests, the benchmark); the service loads through
+    /// `FlashPath::load_from_database`.
+    pub async fn load(&self, voucher: &Voucher, generation: i64, state: &GateLoad) -> Result<bool> {
+        let (start, loading) = self.begin_load(voucher, generation).await?;
+        if start != LoadStart::Started {
+            return Ok(false);
         }
-        Ok(loaded != 0)
+        for users in state.users.chunks(CHUNK) {
+            if !self.fill_load(&loading, users, &[]).await? {
+                return Ok(false);
+            }
+        }
+        for orders in state.orders.chunks(CHUNK) {
+            if !self.fill_load(&loading, &[], orders).await? {
+                return Ok(false);
+            }
+        }
+        self.open_load(&loading, state.remaining).await
     }
 
     /// Claims every order of `orders` for `code` unless another voucher holds it: after a
@@ -379,7 +522,9 @@ impl Gate {
         Ok(())
     }
 
-    /// Remaining uses and every order record, read atomically; `None` when not loaded.
+    /// The remaining count and the oldest unsettled orders (at most
+    /// [`SNAPSHOT_UNSETTLED_MAX`]), read atomically; `None` when not loaded.
+    #[tracing::instrument(name = "gate.snapshot", skip(self))]
     pub async fn snapshot(&self, code: &VoucherCode) -> Result<Option<GateSnapshot>> {
         let k = self.keys(code);
         let reply: Value = self
@@ -387,8 +532,9 @@ impl Gate {
             .snapshot
             .key(&k.meta)
             .key(&k.remaining)
-            .key(&k.users)
+            .key(&k.unsettled)
             .key(&k.orders)
+            .arg(SNAPSHOT_UNSETTLED_MAX)
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(redis_down)?;
@@ -400,28 +546,89 @@ impl Gate {
         let mut number = |what: &str| {
             items
                 .next()
-                .and_then(|r| r.parse().ok())
+                .and_then(|r| r.parse::<i64>().ok())
                 .ok_or_else(|| Error::corrupt(format!("gate snapshot without {what}")))
         };
         let at_ms = number("time")?;
         let remaining = number("remaining")?;
-        let customers = number("customer count")?;
-        let mut users = std::collections::HashMap::new();
-        for _ in 0..customers {
-            match (items.next(), items.next().and_then(|n| n.parse().ok())) {
-                (Some(customer), Some(count)) => users.insert(customer, count),
-                _ => return Err(Error::corrupt("gate snapshot with a short customer list")),
-            };
-        }
-        let mut orders = Vec::new();
+        let unsettled_count = usize::try_from(number("unsettled count")?)
+            .map_err(|_| Error::corrupt("gate snapshot with a negative count"))?;
+        let mut unsettled = Vec::new();
         while let (Some(order), Some(record)) = (items.next(), items.next()) {
-            orders.push((order, OrderRecord::parse(&record)?));
+            let record = match record.as_str() {
+                "" => None,
+                raw => Some(OrderRecord::parse(raw)?),
+            };
+            unsettled.push((order, record));
         }
         Ok(Some(GateSnapshot {
             at_ms,
             remaining,
-            users,
-            orders,
+            unsettled_count,
+            unsettled,
+        }))
+    }
+
+    /// Drops settled orders (their rows are in PostgreSQL) from the unsettled set.
+    pub async fn settle(&self, code: &VoucherCode, orders: &[String]) -> Result<()> {
+        let k = self.keys(code);
+        for chunk in orders.chunks(CHUNK) {
+            redis::cmd("ZREM")
+                .arg(&k.unsettled)
+                .arg(chunk)
+                .query_async::<()>(&mut self.conn.clone())
+                .await
+                .map_err(redis_down)?;
+        }
+        Ok(())
+    }
+
+    /// The records of some orders (`None` where there is none); `Ok(None)` when not loaded.
+    /// Not atomic across chunks: callers act through the scripts, which check again.
+    pub async fn records(
+        &self,
+        code: &VoucherCode,
+        orders: &[String],
+    ) -> Result<Vec<Option<OrderRecord>>> {
+        let k = self.keys(code);
+        let mut records = Vec::with_capacity(orders.len());
+        for chunk in orders.chunks(CHUNK) {
+            let raw: Vec<Option<String>> = redis::cmd("HMGET")
+                .arg(&k.orders)
+                .arg(chunk)
+                .query_async(&mut self.conn.clone())
+                .await
+                .map_err(redis_down)?;
+            for r in raw {
+                records.push(r.map(|r| OrderRecord::parse(&r)).transpose()?);
+            }
+        }
+        Ok(records)
+    }
+
+    /// The uses the gate counts for each of `customers` (at most [`CHUNK`]), with the
+    /// moment of the read by Redis's clock; `None` when not loaded.
+    pub async fn customer_counts(
+        &self,
+        code: &VoucherCode,
+        customers: &[String],
+    ) -> Result<Option<(i64, Vec<i64>)>> {
+        let k = self.keys(code);
+        let mut invocation = self.scripts.counts.prepare_invoke();
+        invocation.key(&k.meta).key(&k.users);
+        for customer in customers {
+            invocation.arg(customer);
+        }
+        let reply: Option<Vec<i64>> = invocation
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_down)?;
+        Ok(reply.and_then(|mut items| {
+            if items.is_empty() {
+                return None;
+            }
+            let at_ms = items.remove(0);
+            Some((at_ms, items))
         }))
     }
 
@@ -454,7 +661,19 @@ impl Gate {
 
     /// Remaining uses, or `None` when the gate is not loaded.
     pub async fn remaining(&self, code: &VoucherCode) -> Result<Option<i64>> {
-        Ok(self.snapshot(code).await?.map(|s| s.remaining))
+        let k = self.keys(code);
+        let (open, remaining): (bool, Option<i64>) = redis::pipe()
+            .atomic()
+            .exists(&k.meta)
+            .get(&k.remaining)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_down)?;
+        Ok(if open {
+            Some(remaining.unwrap_or(0))
+        } else {
+            None
+        })
     }
 
     /// Claims `order_id` for `code` across all vouchers; `false` when another voucher holds it.
@@ -499,22 +718,47 @@ impl Gate {
         }
     }
 
-    /// The order ids the gate has a record of, whatever their state.
+    /// The order ids the gate has a record of, whatever their state, read in pieces
+    /// (HSCAN): no single call blocks Redis on a voucher's size. `None` when not loaded.
     pub async fn order_ids(&self, code: &VoucherCode) -> Result<Option<Vec<String>>> {
-        Ok(self
-            .snapshot(code)
-            .await?
-            .map(|s| s.orders.into_iter().map(|(order, _)| order).collect()))
+        if self.remaining(code).await?.is_none() {
+            return Ok(None);
+        }
+        let k = self.keys(code);
+        let mut ids = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, page): (u64, Vec<String>) = redis::cmd("HSCAN")
+                .arg(&k.orders)
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(CHUNK)
+                .query_async(&mut self.conn.clone())
+                .await
+                .map_err(redis_down)?;
+            // HSCAN returns field, value, field, value, ...; a field may come twice.
+            ids.extend(page.into_iter().step_by(2));
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        Ok(Some(ids))
     }
 
     /// Drops every key of a voucher's gate (operator reload; tests simulating data loss).
+    /// UNLINK frees them in the background, whatever their size.
     pub async fn unload(&self, code: &VoucherCode) -> Result<()> {
         let k = self.keys(code);
-        redis::cmd("DEL")
+        redis::cmd("UNLINK")
             .arg(&k.meta)
             .arg(&k.remaining)
             .arg(&k.users)
             .arg(&k.orders)
+            .arg(&k.unsettled)
+            .arg(&k.loading)
             .query_async::<()>(&mut self.conn.clone())
             .await
             .map_err(redis_down)

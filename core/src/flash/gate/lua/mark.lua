@@ -2,7 +2,7 @@
 -- ARGV[4] is 'touch', sets the time its latest publish started to now, by Redis's clock (a
 -- retry re-publishing a pending event "touches" it, so reconciliation leaves it alone while
 -- that publish runs).
--- KEYS[1] orders; ARGV[1] order id, ARGV[2] allowed states (e.g. 'PA'), ARGV[3] new state,
+-- KEYS[1] orders, KEYS[2] unsettled; ARGV[1] order id, ARGV[2] allowed states (e.g. 'PA'), ARGV[3] new state,
 -- ARGV[4] optional 'touch'
 -- Returns the record's state after the call, or false when there is no record.
 local record = redis.call('HGET', KEYS[1], ARGV[1])
@@ -14,6 +14,7 @@ if ARGV[4] == 'touch' then
   local time = redis.call('TIME')
   local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
   body = string.gsub(body, '|[^|]*$', '|' .. string.format('%.0f', now))
+  redis.call('ZADD', KEYS[2], 'XX', now, ARGV[1])
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3] .. body)
 return ARGV[3]

@@ -1,5 +1,5 @@
 -- Gives one held use back, at most once per order.
--- KEYS[1] meta, KEYS[2] remaining, KEYS[3] users, KEYS[4] orders
+-- KEYS[1] meta, KEYS[2] remaining, KEYS[3] users, KEYS[4] orders, KEYS[5] unsettled
 -- ARGV[1] order id
 -- ARGV[2] 'release': the order was released in PostgreSQL; keep the record as R so that a
 --                    retry is answered, not re-run.
@@ -32,4 +32,5 @@ if forget then
 else
   redis.call('HSET', KEYS[4], ARGV[1], 'R' .. string.sub(record, 2))
 end
+redis.call('ZREM', KEYS[5], ARGV[1])
 return 'RELEASED'

@@ -1,5 +1,5 @@
 -- Decides one reservation. All or nothing: either every write below happens or none.
--- KEYS[1] meta, KEYS[2] remaining, KEYS[3] users, KEYS[4] orders
+-- KEYS[1] meta, KEYS[2] remaining, KEYS[3] users, KEYS[4] orders, KEYS[5] unsettled
 -- ARGV[1] order id, ARGV[2] customer id, ARGV[3] order amount, ARGV[4] ttl (ms)
 -- Returns {OUTCOME} or {OUTCOME, record}.
 -- Time is Redis's own (TIME), never the caller's: every core decides the sale window and
@@ -34,4 +34,6 @@ local stamp = string.format('%.0f', now)
 local record = table.concat({'P', ARGV[2], ARGV[3], string.format('%.0f', discount), stamp,
   string.format('%.0f', now + tonumber(ARGV[4])), stamp}, '|')
 redis.call('HSET', KEYS[4], ARGV[1], record)
+-- Unsettled until reconciliation sees its row (or gives the use back).
+redis.call('ZADD', KEYS[5], now, ARGV[1])
 return {'RESERVED', record}

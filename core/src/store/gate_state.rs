@@ -1,0 +1,253 @@
+//! What a flash gate is loaded from and checked against.
+//!
+//! A load reads the voucher in one REPEATABLE READ transaction that first takes the
+//! voucher's next gate generation (`gate_generations`, under that row's lock): a later
+//! generation always comes from a later read, which is what lets the gate refuse to open an
+//! older read after a newer one (see `flash/rebuild.rs`). Rows and counts stream out in
+//! pieces, so a voucher of any size loads in bounded memory.
+//!
+//! Reconciliation's reads are narrow on purpose: the rows of the orders in flight, the
+//! voucher's counter, the rows released lately, one page of customers. None of them reads
+//! every order of a voucher.
+
+use chrono::{DateTime, Utc};
+use futures::stream::{BoxStream, StreamExt, TryStreamExt};
+use sqlx::{Postgres, Transaction};
+
+use super::reservations::RedemptionRow;
+use super::Store;
+use crate::domain::{Reservation, VoucherCode};
+use crate::{Error, Result};
+
+/// A voucher read for loading its gate: one consistent snapshot, open until [`finish`].
+///
+/// [`finish`]: GateRead::finish
+pub struct GateRead {
+    tx: Transaction<'static, Postgres>,
+    code: String,
+    /// The fencing generation this read took.
+    pub generation: i64,
+    /// Uses left as of this read.
+    pub remaining: i64,
+}
+
+impl GateRead {
+    /// Every reservation of the voucher, whatever its status, as of this read.
+    pub fn reservations(&mut self) -> BoxStream<'_, Result<Reservation>> {
+        sqlx::query_as::<_, RedemptionRow>(
+            "SELECT order_id, voucher_code, customer_id, order_amount, discount_amount, status,
+                    reserved_at, expires_at
+             FROM redemptions WHERE voucher_code = $1",
+        )
+        .bind(self.code.clone())
+        .fetch(&mut *self.tx)
+        .map(|row| Reservation::try_from(row?))
+        .boxed()
+    }
+
+    /// Uses each customer holds, as of this read (customers holding none left out).
+    pub fn customers(&mut self) -> BoxStream<'_, Result<(String, i64)>> {
+        sqlx::query_as::<_, (String, i64)>(
+            "SELECT customer_id, active_count::int8 FROM customer_usage
+             WHERE voucher_code = $1 AND active_count > 0",
+        )
+        .bind(self.code.clone())
+        .fetch(&mut *self.tx)
+        .map_err(Error::from)
+        .boxed()
+    }
+
+    /// Ends the read (and commits the generation it took).
+    pub async fn finish(self) -> Result<()> {
+        self.tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// Reconciliation's view of one voucher, from one snapshot.
+#[derive(Debug, Default)]
+pub struct ReconcileView {
+    /// The rows of the orders asked about (those that have one).
+    pub rows: Vec<Reservation>,
+    /// Active uses (the voucher's counter) reserved at or before the instant asked about.
+    pub active_by: i64,
+}
+
+fn serialization_failure(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|db| db.code())
+        .is_some_and(|code| code == "40001")
+}
+
+impl Store {
+    /// Starts reading `code`'s gate state, taking its next generation. Two reads of one
+    /// voucher at once are ordered by the generation row's lock; the one that waited is
+    /// retried with a fresh snapshot.
+    #[tracing::instrument(name = "db.read_gate", skip(self))]
+    pub async fn read_gate(&self, code: &VoucherCode, total_limit: i32) -> Result<GateRead> {
+        let mut attempt = 0;
+        loop {
+            match self.try_read_gate(code, total_limit).await {
+                Err(e) if serialization_failure(&e) && attempt < 5 => attempt += 1,
+                Err(e) => return Err(e.into()),
+                Ok(read) => return read.ok_or(Error::VoucherNotFound),
+            }
+        }
+    }
+
+    async fn try_read_gate(
+        &self,
+        code: &VoucherCode,
+        total_limit: i32,
+    ) -> Result<Option<GateRead>, sqlx::Error> {
+        let mut tx = self.pool().begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .execute(&mut *tx)
+            .await?;
+        let generation: i64 = sqlx::query_scalar(
+            "INSERT INTO gate_generations (voucher_code, generation) VALUES ($1, 1)
+             ON CONFLICT (voucher_code)
+             DO UPDATE SET generation = gate_generations.generation + 1
+             RETURNING generation",
+        )
+        .bind(code.as_str())
+        .fetch_one(&mut *tx)
+        .await?;
+        let used: Option<i32> =
+            sqlx::query_scalar("SELECT used_count FROM vouchers WHERE code = $1")
+                .bind(code.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+        Ok(used.map(|used| GateRead {
+            tx,
+            code: code.as_str().to_owned(),
+            generation,
+            remaining: i64::from(total_limit) - i64::from(used),
+        }))
+    }
+
+    /// The latest gate generation of `code` (0 before any load).
+    pub async fn gate_generation(&self, code: &VoucherCode) -> Result<i64> {
+        let generation: Option<i64> =
+            sqlx::query_scalar("SELECT generation FROM gate_generations WHERE voucher_code = $1")
+                .bind(code.as_str())
+                .fetch_optional(self.pool())
+                .await?;
+        Ok(generation.unwrap_or(0))
+    }
+
+    /// The rows of `orders` and the active uses reserved at or before `at`, from one
+    /// snapshot: a row written between two separate reads would count twice.
+    #[tracing::instrument(name = "db.reconcile_view", skip(self, orders), fields(orders = orders.len()))]
+    pub async fn reconcile_view(
+        &self,
+        code: &VoucherCode,
+        orders: &[String],
+        at: DateTime<Utc>,
+    ) -> Result<ReconcileView> {
+        let mut tx = self.pool().begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .execute(&mut *tx)
+            .await?;
+        let active_by: i64 = sqlx::query_scalar(
+            "SELECT v.used_count - (SELECT count(*) FROM redemptions r
+                                    WHERE r.voucher_code = v.code
+                                      AND r.status IN ('RESERVED', 'CONFIRMED')
+                                      AND r.reserved_at > $2)
+             FROM vouchers v WHERE v.code = $1",
+        )
+        .bind(code.as_str())
+        .bind(at)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(Error::VoucherNotFound)?;
+        let mut rows = Vec::new();
+        for chunk in orders.chunks(1000) {
+            let found: Vec<RedemptionRow> = sqlx::query_as(
+                "SELECT order_id, voucher_code, customer_id, order_amount, discount_amount,
+                        status, reserved_at, expires_at
+                 FROM redemptions WHERE voucher_code = $1 AND order_id = ANY($2)",
+            )
+            .bind(code.as_str())
+            .bind(chunk)
+            .fetch_all(&mut *tx)
+            .await?;
+            for row in found {
+                rows.push(row.try_into()?);
+            }
+        }
+        tx.commit().await?;
+        Ok(ReconcileView { rows, active_by })
+    }
+
+    /// Orders of `code` released after `after` (released_at, order id), oldest first, at
+    /// most `limit`.
+    pub async fn released_after(
+        &self,
+        code: &VoucherCode,
+        after: &(DateTime<Utc>, String),
+        limit: i64,
+    ) -> Result<Vec<(DateTime<Utc>, String)>> {
+        Ok(sqlx::query_as(
+            "SELECT released_at, order_id FROM redemptions
+             WHERE voucher_code = $1 AND status = 'RELEASED'
+               AND (released_at, order_id) > ($2, $3)
+             ORDER BY released_at, order_id LIMIT $4",
+        )
+        .bind(code.as_str())
+        .bind(after.0)
+        .bind(&after.1)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// The database's clock: cursors over times it stamped are kept on it.
+    pub async fn now(&self) -> Result<DateTime<Utc>> {
+        Ok(sqlx::query_scalar("SELECT now()")
+            .fetch_one(self.pool())
+            .await?)
+    }
+
+    /// One page of the customers holding uses of `code`, after `after` in id order.
+    pub async fn customers_after(
+        &self,
+        code: &VoucherCode,
+        after: &str,
+        limit: i64,
+    ) -> Result<Vec<String>> {
+        Ok(sqlx::query_scalar(
+            "SELECT customer_id FROM customer_usage
+             WHERE voucher_code = $1 AND customer_id > $2 AND active_count > 0
+             ORDER BY customer_id LIMIT $3",
+        )
+        .bind(code.as_str())
+        .bind(after)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// Active uses each of `customers` holds among rows reserved at or before `at`.
+    pub async fn customer_uses_by(
+        &self,
+        code: &VoucherCode,
+        customers: &[String],
+        at: DateTime<Utc>,
+    ) -> Result<Vec<(String, i64)>> {
+        Ok(sqlx::query_as(
+            "SELECT u.customer_id, u.active_count - COALESCE(later.n, 0)
+             FROM customer_usage u
+             LEFT JOIN (SELECT customer_id, count(*) AS n FROM redemptions
+                        WHERE voucher_code = $1 AND status IN ('RESERVED', 'CONFIRMED')
+                          AND reserved_at > $3
+                        GROUP BY customer_id) later USING (customer_id)
+             WHERE u.voucher_code = $1 AND u.customer_id = ANY($2)",
+        )
+        .bind(code.as_str())
+        .bind(customers)
+        .bind(at)
+        .fetch_all(self.pool())
+        .await?)
+    }
+}
