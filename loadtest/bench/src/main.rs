@@ -4,8 +4,11 @@
 //!
 //!   voucher-bench OUT_DIR          the benchmark
 //!   voucher-bench bare-409 ADDR    the bare 409 server it compares the edge with
+//!   voucher-bench big-voucher OUT  a flash voucher of a million uses: sale, reload,
+//!                                  reconciliation, Redis's slow log (`loadtest/big-voucher.sh`)
 
 mod bare;
+mod big;
 mod load;
 mod probe;
 
@@ -29,7 +32,7 @@ fn step() -> Duration {
     )
 }
 
-fn env_or(name: &str, default: &str) -> String {
+pub(crate) fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.into())
 }
 
@@ -69,7 +72,7 @@ impl Step {
     }
 }
 
-fn fmt_ms(v: Option<f64>) -> String {
+pub(crate) fn fmt_ms(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.2} ms"))
 }
 
@@ -81,7 +84,7 @@ const SALE_CONNECTIONS: usize = 1024;
 /// Connections for fast answers: more would only cost the shared CPU context switches.
 const FAST_CONNECTIONS: usize = 256;
 
-fn reserve_plan(
+pub(crate) fn reserve_plan(
     target: SocketAddr,
     rate: u64,
     code: &str,
@@ -142,6 +145,10 @@ async fn main() -> anyhow::Result<()> {
             .parse()?;
         return bare::serve(addr).await;
     }
+    if args.get(1).map(String::as_str) == Some("big-voucher") {
+        let out = args.get(2).cloned().unwrap_or_else(|| "reports/big".into());
+        return big::run(std::path::PathBuf::from(out)).await;
+    }
     let out = args
         .get(1)
         .cloned()
@@ -176,21 +183,7 @@ impl Run {
     /// The stack of `loadtest/bench.sh`, as the environment names it.
     async fn connect(out: std::path::PathBuf) -> anyhow::Result<Self> {
         std::fs::create_dir_all(&out)?;
-        let stack = Stack {
-            http: reqwest::Client::new(),
-            edge: env_or("EDGE", "127.0.0.1:8080"),
-            core: env_or("CORE", "127.0.0.1:8081"),
-            core_metrics: env_or("CORE_METRICS", "127.0.0.1:9181,127.0.0.1:9182")
-                .split(',')
-                .map(str::to_owned)
-                .collect(),
-            token: env_or("ADMIN_TOKEN", "dev-admin-token"),
-            db: sqlx::PgPool::connect(&env_or(
-                "DATABASE_URL",
-                "postgres://postgres@127.0.0.1:5432/vouchers",
-            ))
-            .await?,
-        };
+        let stack = Stack::from_env().await?;
         Ok(Self {
             edge: stack.edge.parse()?,
             core: stack.core.parse()?,
@@ -504,7 +497,7 @@ async fn wrk_rate(target: SocketAddr, code: &str) -> Option<f64> {
         })
 }
 
-fn remember_accepted(
+pub(crate) fn remember_accepted(
     into: &std::sync::Mutex<Vec<Accepted>>,
     code: &str,
     tag: &str,
@@ -522,7 +515,10 @@ fn remember_accepted(
 }
 
 /// Waits for the consumer group, then checks invariants 1 to 5 on the bench's database.
-async fn check_invariants(stack: &Stack, accepted: &[Accepted]) -> anyhow::Result<String> {
+pub(crate) async fn check_invariants(
+    stack: &Stack,
+    accepted: &[Accepted],
+) -> anyhow::Result<String> {
     let kafka = voucher_core::config::KafkaSettings {
         brokers: env_or("KAFKA_BROKERS", "127.0.0.1:9092"),
         topic: env_or("KAFKA_TOPIC", "voucher-events"),
@@ -549,7 +545,7 @@ async fn check_invariants(stack: &Stack, accepted: &[Accepted]) -> anyhow::Resul
 }
 
 /// The stack's Redis (`REDIS_URL`), with the gate's keys under `prefix`.
-fn redis_settings(prefix: &str) -> voucher_core::config::RedisSettings {
+pub(crate) fn redis_settings(prefix: &str) -> voucher_core::config::RedisSettings {
     voucher_core::config::RedisSettings {
         url: env_or("REDIS_URL", "redis://127.0.0.1:6379/").into(),
         key_prefix: prefix.to_owned(),
@@ -618,6 +614,7 @@ async fn gate_vs_redis_benchmark(run_id: &str) -> anyhow::Result<Vec<String>> {
         };
         gate.load(
             &voucher,
+            1,
             &GateLoad {
                 remaining,
                 ..Default::default()

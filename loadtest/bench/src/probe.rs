@@ -15,6 +15,26 @@ pub struct Stack {
 }
 
 impl Stack {
+    /// The stack of `loadtest/bench.sh`, as the environment names it.
+    pub async fn from_env() -> anyhow::Result<Self> {
+        use crate::env_or;
+        Ok(Stack {
+            http: reqwest::Client::new(),
+            edge: env_or("EDGE", "127.0.0.1:8080"),
+            core: env_or("CORE", "127.0.0.1:8081"),
+            core_metrics: env_or("CORE_METRICS", "127.0.0.1:9181,127.0.0.1:9182")
+                .split(',')
+                .map(str::to_owned)
+                .collect(),
+            token: env_or("ADMIN_TOKEN", "dev-admin-token"),
+            db: sqlx::PgPool::connect(&env_or(
+                "DATABASE_URL",
+                "postgres://postgres@127.0.0.1:5432/vouchers",
+            ))
+            .await?,
+        })
+    }
+
     pub async fn create_voucher(
         &self,
         code: &str,
