@@ -208,6 +208,18 @@ impl EdgeProcess {
     }
 }
 
+/// Debian's libfaketime (package `faketime`), to preload into a process whose wall clock
+/// must be wrong: `FAKETIME=-60s` with `FAKETIME_DONT_FAKE_MONOTONIC=1` is a machine whose
+/// clock is a minute behind (monotonic time stays real, as on such a machine).
+pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
+/// The wall clock a minute behind, monotonic time real.
+pub const CLOCK_MINUTE_BEHIND: [(&str, &str); 3] = [
+    ("LD_PRELOAD", LIBFAKETIME),
+    ("FAKETIME", "-60s"),
+    ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+];
+
 /// The core binary as a process of its own (configured by environment variables alone, as a
 /// container would be), with extra environment (e.g. libfaketime preloaded). Killed when
 /// dropped; restarted on the same ports, so an edge in front finds it again.
@@ -262,6 +274,12 @@ impl CoreProcess {
     /// Starts the process (again, after [`CoreProcess::kill`]) with the same settings and
     /// ports, and waits until it listens.
     pub async fn restart(&mut self) {
+        self.restart_with(&[]).await;
+    }
+
+    /// Like [`CoreProcess::restart`], with `extra_env` for this run only (e.g. a clock
+    /// made wrong with [`LIBFAKETIME`]).
+    pub async fn restart_with(&mut self, extra_env: &[(&str, &str)]) {
         self.kill();
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -272,7 +290,8 @@ impl CoreProcess {
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("RUST_LOG", "info")
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .envs(extra_env.iter().copied())
             .stdout(file.try_clone().expect("log file"))
             .stderr(file)
             .spawn()

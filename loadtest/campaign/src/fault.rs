@@ -9,6 +9,8 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use sqlx::{Connection, PgConnection};
 
+use voucher_testkit::stack::CLOCK_MINUTE_BEHIND;
+
 use crate::rng::Rng;
 use crate::stack::CampaignStack;
 
@@ -42,10 +44,13 @@ pub enum Fault {
     /// Every event of the round published so far is published again, and again after the
     /// sale (duplicated, and delayed past releases).
     DuplicateEvents,
+    /// One core restarted with its wall clock a minute behind (libfaketime), for the rest
+    /// of the sale; set right after the round.
+    ClockBehind,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 12] = [
+    pub const ALL: [Fault; 13] = [
         Fault::None,
         Fault::KillCore,
         Fault::KillBothCores,
@@ -58,6 +63,7 @@ impl Fault {
         Fault::RedisOldSnapshot,
         Fault::DatabaseOutage,
         Fault::DuplicateEvents,
+        Fault::ClockBehind,
     ];
 
     pub fn name(self) -> &'static str {
@@ -74,6 +80,7 @@ impl Fault {
             Fault::RedisOldSnapshot => "redis-old-snapshot",
             Fault::DatabaseOutage => "database-outage",
             Fault::DuplicateEvents => "duplicate-events",
+            Fault::ClockBehind => "clock-behind",
         }
     }
 
@@ -124,6 +131,7 @@ impl Fault {
             Fault::DuplicateEvents => {
                 replay_events(stack, &round_start).await?;
             }
+            Fault::ClockBehind => stack.cores[core].restart_with(&CLOCK_MINUTE_BEHIND).await,
         }
         Ok(Struck {
             fault: self,
@@ -156,16 +164,20 @@ impl Struck {
                 stack.redis.forget_snapshot();
             }
             Fault::DatabaseOutage => database_connections(stack, true).await?,
-            Fault::DuplicateEvents => {}
+            Fault::DuplicateEvents | Fault::ClockBehind => {}
         }
         Ok(())
     }
 
     /// After the round's customers are done: the late half of a fault (duplicates that
     /// arrive after the releases).
-    pub async fn after_sale(&self, stack: &CampaignStack) -> anyhow::Result<()> {
-        if self.fault == Fault::DuplicateEvents {
-            replay_events(stack, &self.round_start).await?;
+    pub async fn after_sale(&self, stack: &mut CampaignStack) -> anyhow::Result<()> {
+        match self.fault {
+            Fault::DuplicateEvents => {
+                replay_events(stack, &self.round_start).await?;
+            }
+            Fault::ClockBehind => stack.cores[self.core].restart().await,
+            _ => {}
         }
         Ok(())
     }
