@@ -46,6 +46,10 @@ pub struct NewVoucher {
 impl NewVoucher {
     /// Largest `totalLimit` accepted: the counters are 32-bit in PostgreSQL.
     pub const MAX_TOTAL_LIMIT: i64 = 100_000_000;
+    /// The window's instants must lie in years 1970 to 9999 (Unix seconds): chrono parses
+    /// years PostgreSQL refuses (-5000), and gate times are milliseconds since 1970.
+    const EARLIEST: i64 = 0;
+    const LATEST: i64 = 253_402_300_799;
 
     /// Checks the fields that depend on each other; single fields are parsed by their types.
     #[allow(clippy::too_many_arguments)]
@@ -64,6 +68,14 @@ impl NewVoucher {
             .map_err(|e| {
                 FieldError::new(e.field, format!("{} (and at most totalLimit)", e.reason))
             })?;
+        for (field, at) in [("startsAt", starts_at), ("endsAt", ends_at)] {
+            if !(Self::EARLIEST..=Self::LATEST).contains(&at.timestamp()) {
+                return Err(FieldError::new(
+                    field,
+                    "must be between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59Z",
+                ));
+            }
+        }
         if starts_at >= ends_at {
             return Err(FieldError::new("endsAt", "must be after startsAt"));
         }

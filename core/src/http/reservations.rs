@@ -21,8 +21,10 @@ pub const REPLAYED_HEADER: HeaderName = HeaderName::from_static("idempotent-repl
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Reserve {
-    #[schema(example = "customer-42")]
-    customer_id: String,
+    /// A string, or a whole number (as clients that keep customer ids as `long` send it):
+    /// `42` and `"42"` are the same customer.
+    #[schema(value_type = String, example = "customer-42")]
+    customer_id: CustomerRef,
     /// Made by the caller; the idempotency key: a retry with the same orderId and body
     /// gets the same answer and consumes nothing.
     #[schema(example = "order-2026-0001")]
@@ -32,11 +34,29 @@ pub struct Reserve {
     order_amount: i64,
 }
 
+/// A customer id as clients send it: text, or a non-negative whole number.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum CustomerRef {
+    Text(String),
+    Number(u64),
+}
+
+impl CustomerRef {
+    /// The one stored form: a number becomes its decimal digits.
+    fn into_text(self) -> String {
+        match self {
+            CustomerRef::Text(text) => text,
+            CustomerRef::Number(n) => n.to_string(),
+        }
+    }
+}
+
 impl Reserve {
     fn parse(self, code: String) -> Result<ReservationRequest> {
         Ok(ReservationRequest {
             voucher_code: VoucherCode::parse(code)?,
-            customer_id: CustomerId::parse(self.customer_id)?,
+            customer_id: CustomerId::parse(self.customer_id.into_text())?,
             order_id: OrderId::parse(self.order_id)?,
             order_amount: Money::positive("orderAmount", self.order_amount)?,
         })

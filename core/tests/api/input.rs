@@ -117,8 +117,22 @@ async fn bad_reservation_bodies_get_4xx_with_a_code_and_take_nothing() {
             Some("customerId"),
         ),
         (
-            "numeric customer",
-            json!({"customerId":42,"orderId":"o1","orderAmount":100000}).to_string(),
+            "negative numeric customer",
+            json!({"customerId":-42,"orderId":"o1","orderAmount":100000}).to_string(),
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST",
+            Some("customerId"),
+        ),
+        (
+            "fractional customer",
+            json!({"customerId":4.2,"orderId":"o1","orderAmount":100000}).to_string(),
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST",
+            Some("customerId"),
+        ),
+        (
+            "customer beyond u64",
+            r#"{"customerId":184467440737095516160,"orderId":"o1","orderAmount":100000}"#.into(),
             StatusCode::BAD_REQUEST,
             "INVALID_REQUEST",
             Some("customerId"),
@@ -280,5 +294,66 @@ async fn bad_path_parameters_are_400_and_unknown_routes_404_json() {
         wrong_method.json::<Value>().await.expect("json")["error"],
         "METHOD_NOT_ALLOWED"
     );
+    env.finish(&[]).await;
+}
+
+/// The source article's client sends `customerId` as a number (a Java `long`): accepted,
+/// and the same customer as its digits written as a string.
+#[tokio::test]
+async fn a_numeric_customer_id_is_the_same_customer_as_its_digits() {
+    let env = TestEnv::start().await;
+    env.app.given_voucher(voucher_body("NUM", 10, 1)).await;
+    let path = "/vouchers/NUM/reservations";
+    let (status, body) = send_raw(
+        &env,
+        path,
+        Some("application/json"),
+        json!({"customerId":42,"orderId":"n1","orderAmount":100000}).to_string(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["customerId"], "42", "stored and shown as text");
+
+    let (status, body) = send_raw(
+        &env,
+        path,
+        Some("application/json"),
+        json!({"customerId":"42","orderId":"n2","orderAmount":100000}).to_string(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["error"], "ALREADY_USED", "the same customer: {body}");
+    // The retry of the first order, with the id as a string, is that order's retry.
+    let (status, _) = send_raw(
+        &env,
+        path,
+        Some("application/json"),
+        json!({"customerId":"42","orderId":"n1","orderAmount":100000}).to_string(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let accepted = [crate::invariants::Accepted::new("NUM", "42", "n1")];
+    env.finish(&accepted).await;
+}
+
+/// Dates chrono reads but PostgreSQL (or the gate's millisecond times) cannot hold are
+/// refused at the edge of the API, never a 500.
+#[tokio::test]
+async fn voucher_dates_outside_1970_to_9999_are_400() {
+    let env = TestEnv::start().await;
+    for (field, at) in [
+        ("startsAt", "-5000-01-01T00:00:00Z"),
+        ("startsAt", "1969-12-31T23:59:59Z"),
+        ("endsAt", "+10000-01-01T00:00:00Z"),
+    ] {
+        let mut body = voucher_body("DATES", 10, 1);
+        body[field] = at.into();
+        let resp = env.app.create_voucher(&body).await;
+        let status = resp.status();
+        let answer: Value = resp.json().await.expect("json");
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{field}={at}: {answer}");
+        assert_eq!(answer["error"], "INVALID_REQUEST", "{answer}");
+        assert_eq!(answer["field"], field, "{answer}");
+    }
     env.finish(&[]).await;
 }
