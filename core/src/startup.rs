@@ -61,7 +61,10 @@ impl Application {
                     kafka.monitor_interval,
                 );
                 let consumer = if kafka.consume {
-                    Some(EventConsumer::new(kafka, store.clone(), metrics.clone())?)
+                    Some(
+                        EventConsumer::new(kafka, store.clone(), metrics.clone())?
+                            .settling(flash.gate().clone()),
+                    )
                 } else {
                     None
                 };

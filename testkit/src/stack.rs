@@ -220,6 +220,17 @@ pub const CLOCK_MINUTE_BEHIND: [(&str, &str); 3] = [
     ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
 ];
 
+/// The wall clock stepped back a minute 1 s after start (as a time daemon stepping a
+/// wrong clock would), monotonic time real. For processes with Kafka clients: librdkafka's
+/// start-up wait (`rd_kafka_init_wait`, a condition wait against the wall clock) hung now
+/// and then (3 in 30 starts here) when the clock was wrong from the first instant.
+pub const CLOCK_STEPPED_BACK: [(&str, &str); 4] = [
+    ("LD_PRELOAD", LIBFAKETIME),
+    ("FAKETIME", "-60s"),
+    ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ("FAKETIME_START_AFTER_SECONDS", "1"),
+];
+
 /// The core binary as a process of its own (configured by environment variables alone, as a
 /// container would be), with extra environment (e.g. libfaketime preloaded). Killed when
 /// dropped; restarted on the same ports, so an edge in front finds it again.

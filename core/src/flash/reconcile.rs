@@ -187,23 +187,19 @@ impl Reconciler {
         let mut remaining = snapshot.remaining;
         let mut settled = Vec::new();
         let mut in_flight = 0;
-        for (order, record) in &snapshot.unsettled {
-            let holds = record.as_ref().is_some_and(|r| r.state.holds());
-            let how = match (rows.get(order.as_str()), record) {
-                (Some(ReservationStatus::Released), Some(_)) if holds => GiveBack::Release,
-                (Some(_), _) | (None, None) => {
+        for (order, publish_ms) in &snapshot.unsettled {
+            // An unsettled order holds its use (every give-back drops it from the set).
+            let how = match rows.get(order.as_str()) {
+                Some(ReservationStatus::Released) => GiveBack::Release,
+                Some(_) => {
                     settled.push(order.clone());
                     continue;
                 }
-                (None, Some(_)) if !holds => {
-                    settled.push(order.clone());
-                    continue;
-                }
-                (None, Some(r)) if r.publish_ms <= cutoff => GiveBack::Forget {
+                None if *publish_ms <= cutoff => GiveBack::Forget {
                     states: vec![RecordState::Pending, RecordState::Accepted],
                     published_by_ms: cutoff,
                 },
-                (None, Some(_)) => {
+                None => {
                     in_flight += 1;
                     continue;
                 }
@@ -213,6 +209,7 @@ impl Reconciler {
                 GiveBack::Forget { .. } => "never_recorded",
             };
             let Ok(order_id) = OrderId::parse(order.clone()) else {
+                settled.push(order.clone());
                 continue;
             };
             match self.flash.give_back(code, &order_id, how).await? {
@@ -228,7 +225,8 @@ impl Reconciler {
                 }
                 // Re-published since the snapshot: still in flight.
                 ReleaseOutcome::Busy => in_flight += 1,
-                _ => {}
+                // Nothing held any more (or no record left to hold it): settled.
+                _ => settled.push(order.clone()),
             }
         }
         self.flash.gate().settle(code, &settled).await?;

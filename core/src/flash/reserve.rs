@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::events::publisher::PublishError;
 use super::events::ReservedEvent;
-use super::gate::{GateDecision, GiveBack, OrderRecord, RecordState};
+use super::gate::{GateDecision, GiveBack, MarkAlso, OrderRecord, RecordState};
 use super::recorder::{Recorded, Recorder};
 use super::FlashPath;
 use crate::domain::{Reservation, ReservationRequest, Voucher};
@@ -93,7 +93,8 @@ impl FlashPath {
         }
         match self.publish(request, &record).await {
             Ok(()) => Ok(ReserveOutcome::Reserved(
-                self.acknowledged(request, record).await?,
+                self.acknowledged(request, record, MarkAlso::Nothing)
+                    .await?,
             )),
             Err(e) => {
                 let certainly_not_written = matches!(e, PublishError::NotWritten(_));
@@ -141,7 +142,7 @@ impl FlashPath {
                 order_id,
                 &[RecordState::Pending],
                 RecordState::Pending,
-                true,
+                MarkAlso::Touch,
             )
             .await?;
         match touched {
@@ -168,7 +169,8 @@ impl FlashPath {
         }
         match self.publish(request, &record).await {
             Ok(()) => Ok(Some(ReserveOutcome::Retried(
-                self.acknowledged(request, record).await?,
+                self.acknowledged(request, record, MarkAlso::Nothing)
+                    .await?,
             ))),
             // Whatever the broker said, an earlier publish may have landed: the use stays held.
             Err(e) => Err(Error::unavailable_because("event broker", e)),
@@ -190,7 +192,9 @@ impl FlashPath {
         record: OrderRecord,
     ) -> Result<Reservation> {
         self.record_in_database(recorder, request, &record).await?;
-        let reservation = self.acknowledged(request, record.clone()).await?;
+        let reservation = self
+            .acknowledged(request, record.clone(), MarkAlso::Settle)
+            .await?;
         self.publish_afterwards(request, record);
         Ok(reservation)
     }
@@ -259,13 +263,14 @@ impl FlashPath {
         result
     }
 
-    /// The event is acknowledged: the record goes P -> A and the reservation is answered.
-    /// Failing to mark changes nothing that matters: a pending record whose row exists is
-    /// never forgotten.
+    /// The event is acknowledged (or the row committed, `also` then settles the order):
+    /// the record goes P -> A and the reservation is answered. Failing to mark changes
+    /// nothing that matters: a pending record whose row exists is never forgotten.
     async fn acknowledged(
         &self,
         request: &ReservationRequest,
         mut record: OrderRecord,
+        also: MarkAlso,
     ) -> Result<Reservation> {
         let (code, order_id) = (&request.voucher_code, &request.order_id);
         self.mark_best_effort(
@@ -273,6 +278,7 @@ impl FlashPath {
             order_id,
             &[RecordState::Pending],
             RecordState::Accepted,
+            also,
         )
         .await;
         record.state = RecordState::Accepted;

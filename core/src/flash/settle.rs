@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::gate::RecordState;
+use super::gate::{MarkAlso, RecordState};
 use super::FlashPath;
 use crate::domain::{OrderId, Reservation, VoucherCode};
 use crate::{Error, Result};
@@ -21,6 +21,7 @@ impl FlashPath {
             order_id,
             &[RecordState::Pending, RecordState::Accepted],
             RecordState::Confirmed,
+            MarkAlso::Settle,
         )
         .await;
         Ok(confirmed)
@@ -35,15 +36,16 @@ impl FlashPath {
     }
 
     /// Moves the order's gate record to `to` after the decision was made elsewhere (the
-    /// broker's ack, PostgreSQL's confirm); a failure here is logged, not raised.
+    /// broker's ack, PostgreSQL's commit or confirm); a failure here is logged, not raised.
     pub(super) async fn mark_best_effort(
         &self,
         code: &VoucherCode,
         order_id: &OrderId,
         from: &[RecordState],
         to: RecordState,
+        also: MarkAlso,
     ) {
-        if let Err(e) = self.inner.gate.mark(code, order_id, from, to, false).await {
+        if let Err(e) = self.inner.gate.mark(code, order_id, from, to, also).await {
             tracing::warn!(error = %e.chain(), %order_id, ?to, "gate record not updated");
         }
     }

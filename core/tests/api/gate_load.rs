@@ -202,9 +202,8 @@ async fn a_voucher_with_thousands_of_orders_reloads_in_pieces_and_reconciles_wha
         "a retry, not a new use"
     );
 
-    // Reconciliation looks only at the order in flight, settles it once its row is in,
-    // and finds the gate exact.
-    assert_eq!(zcard(unsettled.clone()).await, 1);
+    // The new order is unsettled until its row is seen (by the writer that stores it, or
+    // by reconciliation); a round finds the gate exact.
     env.caught_up().await;
     let reports = reconciler(&env).run_once().await.expect("round runs");
     let report = reports[0].1.clone().expect("caught up and loaded");

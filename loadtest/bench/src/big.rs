@@ -68,22 +68,54 @@ async fn slowlog() -> anyhow::Result<Vec<Slow>> {
             .map(redis::from_redis_value)
             .transpose()?
             .unwrap_or_default();
-        let command = words.into_iter().take(2).collect::<Vec<_>>().join(" ");
+        let command = match words.as_slice() {
+            [verb, sha, ..] if verb.eq_ignore_ascii_case("EVALSHA") => {
+                format!("script {}", script_name(sha))
+            }
+            _ => words.into_iter().take(2).collect::<Vec<_>>().join(" "),
+        };
         slow.push(Slow { micros, command });
     }
     slow.sort_by_key(|s| std::cmp::Reverse(s.micros));
     Ok(slow)
 }
 
+/// The gate script whose SHA1 is `sha`.
+fn script_name(sha: &str) -> String {
+    voucher_core::flash::gate::SCRIPT_SOURCES
+        .iter()
+        .find(|(_, source)| redis::Script::new(source).get_hash() == sha)
+        .map_or_else(|| sha.to_owned(), |(name, _)| (*name).to_owned())
+}
+
+/// Calls slower than the threshold, per command, with the slowest of each.
+fn slow_by_command(slow: &[Slow]) -> String {
+    let mut by: Vec<(String, usize, i64)> = Vec::new();
+    for s in slow {
+        match by.iter_mut().find(|(c, _, _)| *c == s.command) {
+            Some(entry) => {
+                entry.1 += 1;
+                entry.2 = entry.2.max(s.micros);
+            }
+            None => by.push((s.command.clone(), 1, s.micros)),
+        }
+    }
+    by.iter()
+        .map(|(c, n, max)| format!("{c}: {n} (max {:.1} ms)", *max as f64 / 1000.0))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 fn slow_summary(slow: &[Slow], threshold_us: i64) -> String {
     match slow.first() {
         None => format!("no call over {:.1} ms", threshold_us as f64 / 1000.0),
         Some(worst) => format!(
-            "{} calls over {:.1} ms; slowest {:.2} ms ({})",
+            "{} calls over {:.1} ms; slowest {:.2} ms ({}); by command: {}",
             slow.len(),
             threshold_us as f64 / 1000.0,
             worst.micros as f64 / 1000.0,
-            worst.command
+            worst.command,
+            slow_by_command(slow)
         ),
     }
 }
@@ -124,6 +156,80 @@ async fn reconcile_counters(stack: &Stack) -> anyhow::Result<(f64, f64, f64)> {
         stack
             .core_counter("voucher_reconcile_checked_total", &[])
             .await?,
+    ))
+}
+
+fn percentiles(mut micros: Vec<u128>) -> String {
+    micros.sort_unstable();
+    let at = |p: f64| micros[((micros.len() - 1) as f64 * p) as usize] as f64 / 1000.0;
+    if micros.is_empty() {
+        return "-".into();
+    }
+    format!(
+        "p50 {:.2} / p99 {:.2} / max {:.2} ms",
+        at(0.5),
+        at(0.99),
+        at(1.0)
+    )
+}
+
+/// Times, one at a time: a load chunk of `CHUNK` orders into a scratch gate, a page of the
+/// big voucher's orders (HSCAN), and a reconciliation snapshot of it.
+async fn calls_alone(code: &str) -> anyhow::Result<String> {
+    use voucher_core::domain::{Money, Voucher, VoucherCode, VoucherMode};
+    use voucher_core::flash::gate::{Gate, OrderRecord, RecordState, CHUNK};
+    let gate = Gate::connect(&crate::redis_settings(&env_or("GATE_PREFIX", "vg:"))).await?;
+    let now = chrono::Utc::now();
+    let scratch = Voucher {
+        code: VoucherCode::parse(format!("{code}S")).map_err(|e| anyhow::anyhow!("{e:?}"))?,
+        discount_amount: Money::positive("discountAmount", 100_000)
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?,
+        min_order_amount: Money::not_negative("minOrderAmount", 0)
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?,
+        total_limit: 1_000_000,
+        per_user_limit: 1,
+        starts_at: now,
+        ends_at: now + chrono::Duration::days(1),
+        mode: VoucherMode::Flash,
+        created_at: now,
+    };
+    let (_, loading) = gate.begin_load(&scratch, 1).await?;
+    let mut fills = Vec::new();
+    for chunk in 0..200 {
+        let orders: Vec<(String, OrderRecord)> = (0..CHUNK)
+            .map(|i| {
+                let record = OrderRecord {
+                    state: RecordState::Accepted,
+                    customer_id: format!("b-c{}", chunk * CHUNK + i),
+                    order_amount: 250_000,
+                    discount_amount: 100_000,
+                    reserved_ms: now.timestamp_millis(),
+                    expires_ms: now.timestamp_millis() + 900_000,
+                    publish_ms: now.timestamp_millis(),
+                };
+                (format!("{code}S-b{}", chunk * CHUNK + i), record)
+            })
+            .collect();
+        let started = Instant::now();
+        gate.fill_load(&loading, &[], &orders).await?;
+        fills.push(started.elapsed().as_micros());
+    }
+    gate.unload(&scratch.code).await?;
+    let big = VoucherCode::parse(code).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let mut snapshots = Vec::new();
+    for _ in 0..200 {
+        let started = Instant::now();
+        gate.snapshot(&big).await?;
+        snapshots.push(started.elapsed().as_micros());
+    }
+    let started = Instant::now();
+    let ids = gate.order_ids(&big).await?.map_or(0, |ids| ids.len());
+    let scan = started.elapsed();
+    Ok(format!(
+        "load chunk of {CHUNK} orders: {}; reconciliation snapshot: {}; every order id by HSCAN pages: {ids} ids in {:.1} s",
+        percentiles(fills),
+        percentiles(snapshots),
+        scan.as_secs_f64()
     ))
 }
 
@@ -232,10 +338,19 @@ pub async fn run(out: std::path::PathBuf) -> anyhow::Result<()> {
     ));
     table.push(format!(
         "| Memory | Redis used_memory {memory:.0} MiB after the sale; core peak RSS {} | |",
-        peak_rss_mib("run/core1.pid").map_or("-".into(), |m| format!("{m:.0} MiB"))
+        peak_rss_mib("run/core.pid").map_or("-".into(), |m| format!("{m:.0} MiB"))
     ));
 
-    // 4. The invariants, over every accepted reservation.
+    // 4. The same calls alone, on the quiet stack: what a call costs Redis itself, apart
+    //    from the preemption a loaded two-core machine adds to everything on it.
+    slowlog_reset(threshold_us).await?;
+    let alone = calls_alone(&code).await?;
+    table.push(format!(
+        "| The gate's biggest calls alone, quiet stack (client-timed round trips) | {alone} | {} |",
+        slow_summary(&slowlog().await?, threshold_us)
+    ));
+
+    // 5. The invariants, over every accepted reservation.
     let accepted = Mutex::new(Vec::new());
     remember_accepted(&accepted, &code, "b", &outcome);
     let accepted = accepted.into_inner().unwrap_or_default();

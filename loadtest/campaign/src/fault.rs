@@ -9,7 +9,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use sqlx::{Connection, PgConnection};
 
-use voucher_testkit::stack::CLOCK_MINUTE_BEHIND;
+use voucher_testkit::stack::CLOCK_STEPPED_BACK;
 
 use crate::rng::Rng;
 use crate::stack::CampaignStack;
@@ -44,8 +44,8 @@ pub enum Fault {
     /// Every event of the round published so far is published again, and again after the
     /// sale (duplicated, and delayed past releases).
     DuplicateEvents,
-    /// One core restarted with its wall clock a minute behind (libfaketime), for the rest
-    /// of the sale; set right after the round.
+    /// One core restarted under libfaketime: its wall clock steps back a minute 1 s later
+    /// and stays behind for the rest of the sale; set right after the round.
     ClockBehind,
 }
 
@@ -131,7 +131,7 @@ impl Fault {
             Fault::DuplicateEvents => {
                 replay_events(stack, &round_start).await?;
             }
-            Fault::ClockBehind => stack.cores[core].restart_with(&CLOCK_MINUTE_BEHIND).await,
+            Fault::ClockBehind => stack.cores[core].restart_with(&CLOCK_STEPPED_BACK).await,
         }
         Ok(Struck {
             fault: self,

@@ -63,7 +63,8 @@ async fn a_seeded_slice_of_the_campaign_passes() {
 
 /// With PostgreSQL deciding before the 201, a gate restored from a snapshot taken seconds
 /// earlier only lets more requests through to the database, which refuses what it cannot
-/// hold: no 201 beyond the limit. The broker's faults no longer touch the answers at all.
+/// hold: no 201 beyond the limit. The broker's faults no longer touch the answers at all,
+/// and a core whose clock steps a minute back decides nothing by it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_postgresql_deciding_a_gate_back_in_time_oversells_nothing() {
     let failed = slice(
@@ -74,6 +75,7 @@ async fn with_postgresql_deciding_a_gate_back_in_time_oversells_nothing() {
             Fault::RedisOldSnapshot,
             Fault::KillCore,
             Fault::PauseBroker,
+            Fault::ClockBehind,
         ],
     )
     .await;

@@ -16,6 +16,7 @@
 //! A database outage stops progress but loses nothing: the writer lets the partition go and
 //! tries again.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,7 +30,8 @@ use tokio_util::sync::CancellationToken;
 use super::progress::Progress;
 use super::VoucherEvent;
 use crate::config::KafkaSettings;
-use crate::domain::Reservation;
+use crate::domain::{Reservation, VoucherCode};
+use crate::flash::gate::Gate;
 use crate::metrics::Metrics;
 use crate::store::{BatchResult, OwnedPartition, PartitionKey, Store};
 
@@ -40,6 +42,8 @@ pub struct EventConsumer {
     metrics: Arc<Metrics>,
     /// Names this process in logs and in `consumer_offsets.owner`.
     instance: String,
+    /// Told which orders now have their row, so reconciliation need not look at them.
+    gate: Option<Gate>,
 }
 
 impl EventConsumer {
@@ -65,7 +69,15 @@ impl EventConsumer {
                 std::process::id(),
                 &uuid::Uuid::new_v4().simple().to_string()[..8]
             ),
+            gate: None,
         })
+    }
+
+    /// Settles the orders it writes in `gate` (drops them from the unsettled set): their
+    /// rows are in, so reconciliation's snapshot stays as small as the writers' lag.
+    pub fn settling(mut self, gate: Gate) -> Self {
+        self.gate = Some(gate);
+        self
     }
 
     /// Runs a writer per partition until `shutdown` is cancelled. A batch in progress is
@@ -255,7 +267,30 @@ impl EventConsumer {
             owned.store_offset(next_offset).await?;
         }
         self.count(batch.len(), &result, dead.len());
+        self.settle(&rows, &result).await;
         Ok(())
+    }
+
+    /// Best effort: an order left unsettled is settled by the next reconciliation round.
+    async fn settle(&self, rows: &[Reservation], result: &BatchResult) {
+        let Some(gate) = &self.gate else {
+            return;
+        };
+        let refused: HashSet<usize> = result.refused.iter().map(|(i, _)| *i).collect();
+        let mut per_voucher: HashMap<&VoucherCode, Vec<&str>> = HashMap::new();
+        for (i, row) in rows.iter().enumerate() {
+            if !refused.contains(&i) {
+                per_voucher
+                    .entry(&row.voucher_code)
+                    .or_default()
+                    .push(row.order_id.as_str());
+            }
+        }
+        for (code, orders) in per_voucher {
+            if let Err(e) = gate.settle(code, &orders).await {
+                tracing::debug!(error = %e.chain(), %code, "written orders not settled in the gate");
+            }
+        }
     }
 
     fn count(&self, events: usize, result: &BatchResult, dead_lettered: usize) {

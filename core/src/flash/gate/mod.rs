@@ -62,6 +62,16 @@ pub enum ReleaseOutcome {
     NotLoaded,
 }
 
+/// What a mark does besides moving the record's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MarkAlso {
+    Nothing,
+    /// Its latest publish starts now (by Redis's clock): a retry re-publishing.
+    Touch,
+    /// Its row is known to be in PostgreSQL: off the unsettled set.
+    Settle,
+}
+
 /// How a use is given back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GiveBack {
@@ -116,8 +126,8 @@ pub struct GateSnapshot {
     pub remaining: i64,
     /// How many orders are unsettled (all of them, even beyond `unsettled`).
     pub unsettled_count: usize,
-    /// The oldest unsettled orders with their records (`None`: the record is gone).
-    pub unsettled: Vec<(String, Option<OrderRecord>)>,
+    /// The oldest unsettled orders with their latest publish start (ms, Redis's clock).
+    pub unsettled: Vec<(String, i64)>,
 }
 
 impl GateSnapshot {
@@ -129,7 +139,7 @@ impl GateSnapshot {
 
 /// Most unsettled orders one snapshot reads: the snapshot stays a short Redis call however
 /// far reconciliation fell behind, and the rest waits for the next rounds.
-pub const SNAPSHOT_UNSETTLED_MAX: usize = 5_000;
+pub const SNAPSHOT_UNSETTLED_MAX: usize = 2_000;
 
 /// Entries per Redis call when a gate is loaded or read in pieces: each call stays well under
 /// a millisecond of Redis's time.
@@ -137,6 +147,28 @@ pub const CHUNK: usize = 500;
 
 /// The reserve script, public so the benchmark can measure it alone.
 pub const RESERVE_SCRIPT: &str = include_str!("lua/reserve.lua");
+
+/// Every script by name, so measurements can tell which one Redis's slow log shows (it
+/// names them by SHA1).
+pub const SCRIPT_SOURCES: [(&str, &str); 9] = [
+    ("adjust", include_str!("lua/adjust.lua")),
+    ("counts", include_str!("lua/counts.lua")),
+    ("reserve", RESERVE_SCRIPT),
+    ("mark", include_str!("lua/mark.lua")),
+    ("release", include_str!("lua/release.lua")),
+    ("load_begin", include_str!("lua/load_begin.lua")),
+    ("load_fill", include_str!("lua/load_fill.lua")),
+    ("load_open", include_str!("lua/load_open.lua")),
+    ("snapshot", include_str!("lua/snapshot.lua")),
+];
+
+fn script(name: &str) -> Script {
+    let source = SCRIPT_SOURCES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or("", |(_, source)| source);
+    Script::new(source)
+}
 
 /// How long an orderId stays claimed by its voucher: far longer than any sale.
 const ORDER_CLAIM_TTL_SECS: u64 = 30 * 24 * 3600;
@@ -198,15 +230,15 @@ impl Gate {
             .set_number_of_retries(1);
         let conn = ConnectionManager::new_with_config(client, config).await?;
         let scripts = Scripts {
-            adjust: Script::new(include_str!("lua/adjust.lua")),
-            counts: Script::new(include_str!("lua/counts.lua")),
-            reserve: Script::new(RESERVE_SCRIPT),
-            mark: Script::new(include_str!("lua/mark.lua")),
-            release: Script::new(include_str!("lua/release.lua")),
-            load_begin: Script::new(include_str!("lua/load_begin.lua")),
-            load_fill: Script::new(include_str!("lua/load_fill.lua")),
-            load_open: Script::new(include_str!("lua/load_open.lua")),
-            snapshot: Script::new(include_str!("lua/snapshot.lua")),
+            adjust: script("adjust"),
+            counts: script("counts"),
+            reserve: script("reserve"),
+            mark: script("mark"),
+            release: script("release"),
+            load_begin: script("load_begin"),
+            load_fill: script("load_fill"),
+            load_open: script("load_open"),
+            snapshot: script("snapshot"),
         };
         let gate = Self {
             conn,
@@ -289,9 +321,8 @@ impl Gate {
         })
     }
 
-    /// Moves an order's record from one of `from` to `to`. With `touch`, its latest publish
-    /// start becomes now (by Redis's clock). Returns the state the record ends in, `None`
-    /// when there is no record.
+    /// Moves an order's record from one of `from` to `to`, and does `also`. Returns the
+    /// state the record ends in, `None` when there is no record.
     #[tracing::instrument(name = "gate.mark", skip(self))]
     pub async fn mark(
         &self,
@@ -299,7 +330,7 @@ impl Gate {
         order_id: &OrderId,
         from: &[RecordState],
         to: RecordState,
-        touch: bool,
+        also: MarkAlso,
     ) -> Result<Option<RecordState>> {
         let k = self.keys(code);
         let from: String = from.iter().map(|s| s.letter()).collect();
@@ -310,8 +341,14 @@ impl Gate {
             .arg(order_id.as_str())
             .arg(from)
             .arg(to.letter().to_string());
-        if touch {
-            invocation.arg("touch");
+        match also {
+            MarkAlso::Nothing => {}
+            MarkAlso::Touch => {
+                invocation.arg("touch");
+            }
+            MarkAlso::Settle => {
+                invocation.arg("settle");
+            }
         }
         let state: Option<String> = invocation
             .invoke_async(&mut self.conn.clone())
@@ -533,7 +570,6 @@ impl Gate {
             .key(&k.meta)
             .key(&k.remaining)
             .key(&k.unsettled)
-            .key(&k.orders)
             .arg(SNAPSHOT_UNSETTLED_MAX)
             .invoke_async(&mut self.conn.clone())
             .await
@@ -554,12 +590,11 @@ impl Gate {
         let unsettled_count = usize::try_from(number("unsettled count")?)
             .map_err(|_| Error::corrupt("gate snapshot with a negative count"))?;
         let mut unsettled = Vec::new();
-        while let (Some(order), Some(record)) = (items.next(), items.next()) {
-            let record = match record.as_str() {
-                "" => None,
-                raw => Some(OrderRecord::parse(raw)?),
-            };
-            unsettled.push((order, record));
+        while let (Some(order), Some(score)) = (items.next(), items.next()) {
+            let publish_ms = score
+                .parse::<f64>()
+                .map_err(|_| Error::corrupt(format!("unsettled score {score:?}")))?;
+            unsettled.push((order, publish_ms as i64));
         }
         Ok(Some(GateSnapshot {
             at_ms,
@@ -570,12 +605,13 @@ impl Gate {
     }
 
     /// Drops settled orders (their rows are in PostgreSQL) from the unsettled set.
-    pub async fn settle(&self, code: &VoucherCode, orders: &[String]) -> Result<()> {
+    pub async fn settle<S: AsRef<str>>(&self, code: &VoucherCode, orders: &[S]) -> Result<()> {
         let k = self.keys(code);
         for chunk in orders.chunks(CHUNK) {
+            let members: Vec<&str> = chunk.iter().map(AsRef::as_ref).collect();
             redis::cmd("ZREM")
                 .arg(&k.unsettled)
-                .arg(chunk)
+                .arg(members)
                 .query_async::<()>(&mut self.conn.clone())
                 .await
                 .map_err(redis_down)?;
