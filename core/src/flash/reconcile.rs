@@ -293,8 +293,9 @@ impl Reconciler {
         let records = self.flash.gate().records(code, &orders).await?;
         let mut given = 0;
         for (order, record) in orders.iter().zip(records) {
-            // A use taken after the snapshot is not in its count: leave it to the next round.
-            let Some(record) = record.filter(|r| r.state.holds() && r.reserved_ms <= snapshot_ms)
+            // A use taken after the snapshot (or in its millisecond: it may be later) is not
+            // in its count: leave it to the next round.
+            let Some(record) = record.filter(|r| r.state.holds() && r.reserved_ms < snapshot_ms)
             else {
                 continue;
             };

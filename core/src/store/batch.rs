@@ -4,9 +4,9 @@
 //! the last word) hand over RESERVED reservations; this module knows nothing of events or
 //! brokers.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
-use sqlx::{Connection, PgConnection, Postgres, Transaction};
+use sqlx::{Connection, PgConnection};
 
 use super::partitions::{store_offset, PartitionKey};
 use super::reservations::{take_customer_use, take_voucher_use};
@@ -59,24 +59,6 @@ fn refusal(e: &sqlx::Error) -> Option<String> {
     }
 }
 
-/// The new uses of a batch, per customer and per voucher, sorted: the store's lock order.
-#[derive(Default)]
-struct NewUses<'a> {
-    per_customer: BTreeMap<(&'a str, &'a str), i32>,
-    per_voucher: BTreeMap<&'a str, i32>,
-}
-
-impl<'a> NewUses<'a> {
-    fn count(inserted: &'a [(String, String, String)]) -> Self {
-        let mut uses = Self::default();
-        for (code, customer, _) in inserted {
-            *uses.per_customer.entry((code, customer)).or_default() += 1;
-            *uses.per_voucher.entry(code).or_default() += 1;
-        }
-        uses
-    }
-}
-
 /// Records a batch of RESERVED reservations on `conn`.
 ///
 /// Fast path: one transaction for the whole batch, with `advance` stored in it when nothing
@@ -99,28 +81,38 @@ pub(super) async fn record_reserved(
     }
 }
 
-/// The whole batch in one transaction: insert the rows, then count their uses against the
-/// customers' and the vouchers' limits (whose CHECKs refuse an overshoot), then tell repeats
-/// from conflicts among the rows that were not new, then store the offset if all is well.
+/// The whole batch at once: its rows inserted and their uses counted against the customers'
+/// and the vouchers' limits in one statement (whose CHECKs refuse an overshoot), then
+/// repeats told from conflicts among the rows that were not new. Without an offset to
+/// store, that statement is its own transaction: one round trip for the batch, which is
+/// what a recorder waiting on PostgreSQL before its 201s needs. With one, it runs in a
+/// transaction that stores the offset too, if all is well.
 async fn record_batch(
     conn: &mut PgConnection,
     batch: &[Reservation],
     advance: Option<Advance<'_>>,
 ) -> Result<BatchResult, sqlx::Error> {
-    let mut tx = conn.begin().await?;
-    let inserted = insert_rows(&mut tx, batch).await?;
-    let uses = NewUses::count(&inserted);
-    add_customer_uses(&mut tx, &uses).await?;
-    add_voucher_uses(&mut tx, &uses).await?;
-    let fresh: HashSet<&str> = inserted.iter().map(|(_, _, o)| o.as_str()).collect();
-    let refused = classify_existing(&mut tx, batch, &fresh).await?;
-    let offset_stored = match advance {
-        Some(a) if refused.is_empty() => {
-            store_offset(&mut tx, a.key, a.next_offset, a.owner).await?;
-            true
-        }
-        _ => false,
+    let Some(advance) = advance else {
+        let inserted = insert_and_count(&mut *conn, batch).await?;
+        let fresh: HashSet<&str> = inserted.iter().map(String::as_str).collect();
+        // Rows never change voucher or customer: reading them after the commit is safe.
+        let refused = classify_existing(conn, batch, &fresh).await?;
+        return Ok(BatchResult {
+            inserted: inserted.len(),
+            duplicates: batch.len() - inserted.len() - refused.len(),
+            refused,
+            transactions: 1,
+            offset_stored: false,
+        });
     };
+    let mut tx = conn.begin().await?;
+    let inserted = insert_and_count(&mut tx, batch).await?;
+    let fresh: HashSet<&str> = inserted.iter().map(String::as_str).collect();
+    let refused = classify_existing(&mut tx, batch, &fresh).await?;
+    let offset_stored = refused.is_empty();
+    if offset_stored {
+        store_offset(&mut tx, advance.key, advance.next_offset, advance.owner).await?;
+    }
     tx.commit().await?;
     Ok(BatchResult {
         inserted: inserted.len(),
@@ -203,19 +195,45 @@ enum Single {
     Refused(String),
 }
 
-/// Inserts every row whose orderId is new; returns (code, customer, order) of those.
-async fn insert_rows(
-    tx: &mut Transaction<'_, Postgres>,
+/// Inserts every row whose orderId is new and adds their uses to each customer's and each
+/// voucher's count, in one statement; returns the orderIds inserted. PostgreSQL orders the
+/// statement's row locks itself: a batch spanning several vouchers can deadlock with
+/// another writer's, and one of the two then fails (40P01, a 503 for the recorder's
+/// clients, whose retries record again; a writer retries its batch).
+async fn insert_and_count(
+    conn: &mut PgConnection,
     batch: &[Reservation],
-) -> Result<Vec<(String, String, String)>, sqlx::Error> {
+) -> Result<Vec<String>, sqlx::Error> {
     let text = |f: fn(&Reservation) -> &str| batch.iter().map(f).collect::<Vec<_>>();
-    sqlx::query_as(
-        "INSERT INTO redemptions (voucher_code, customer_id, order_id, order_amount,
-                                  discount_amount, reserved_at, expires_at)
-         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[],
-                              $6::timestamptz[], $7::timestamptz[])
-         ON CONFLICT (order_id) DO NOTHING
-         RETURNING voucher_code, customer_id, order_id",
+    sqlx::query_scalar(
+        "WITH input AS (
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[],
+                                  $6::timestamptz[], $7::timestamptz[])
+         ),
+         inserted AS (
+             INSERT INTO redemptions (voucher_code, customer_id, order_id, order_amount,
+                                      discount_amount, reserved_at, expires_at)
+             SELECT * FROM input
+             ON CONFLICT (order_id) DO NOTHING
+             RETURNING voucher_code, customer_id, order_id
+         ),
+         customers AS (
+             INSERT INTO customer_usage AS u (voucher_code, customer_id, active_count,
+                                              per_user_limit)
+             SELECT i.voucher_code, i.customer_id, count(*)::int4, v.per_user_limit
+             FROM inserted i JOIN vouchers v ON v.code = i.voucher_code
+             GROUP BY i.voucher_code, i.customer_id, v.per_user_limit
+             ORDER BY i.voucher_code, i.customer_id
+             ON CONFLICT (voucher_code, customer_id)
+             DO UPDATE SET active_count = u.active_count + excluded.active_count
+         ),
+         used AS (
+             UPDATE vouchers v SET used_count = v.used_count + n.uses
+             FROM (SELECT voucher_code, count(*)::int4 AS uses FROM inserted
+                   GROUP BY voucher_code) n
+             WHERE v.code = n.voucher_code
+         )
+         SELECT order_id FROM inserted",
     )
     .bind(text(|r| r.voucher_code.as_str()))
     .bind(text(|r| r.customer_id.as_str()))
@@ -234,55 +252,8 @@ async fn insert_rows(
     )
     .bind(batch.iter().map(|r| r.reserved_at).collect::<Vec<_>>())
     .bind(batch.iter().map(|r| r.expires_at).collect::<Vec<_>>())
-    .fetch_all(&mut **tx)
+    .fetch_all(conn)
     .await
-}
-
-/// Adds the new uses to each customer's counter; CHECK customer_usage_within_limit refuses
-/// a customer pushed past its limit.
-async fn add_customer_uses(
-    tx: &mut Transaction<'_, Postgres>,
-    uses: &NewUses<'_>,
-) -> Result<(), sqlx::Error> {
-    let mut codes = Vec::with_capacity(uses.per_customer.len());
-    let mut customers = Vec::with_capacity(uses.per_customer.len());
-    let mut counts = Vec::with_capacity(uses.per_customer.len());
-    for ((code, customer), n) in &uses.per_customer {
-        codes.push(*code);
-        customers.push(*customer);
-        counts.push(*n);
-    }
-    sqlx::query(
-        "INSERT INTO customer_usage AS u (voucher_code, customer_id, active_count, per_user_limit)
-         SELECT c.code, c.customer, c.n, v.per_user_limit
-         FROM unnest($1::text[], $2::text[], $3::int4[]) WITH ORDINALITY AS c(code, customer, n, i)
-         JOIN vouchers v ON v.code = c.code
-         ORDER BY c.i
-         ON CONFLICT (voucher_code, customer_id)
-         DO UPDATE SET active_count = u.active_count + excluded.active_count",
-    )
-    .bind(&codes)
-    .bind(&customers)
-    .bind(&counts)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
-}
-
-/// Adds the new uses to each voucher's count; CHECK vouchers_used_within_limit refuses a
-/// voucher pushed past its limit.
-async fn add_voucher_uses(
-    tx: &mut Transaction<'_, Postgres>,
-    uses: &NewUses<'_>,
-) -> Result<(), sqlx::Error> {
-    for (code, n) in &uses.per_voucher {
-        sqlx::query("UPDATE vouchers SET used_count = used_count + $2 WHERE code = $1")
-            .bind(code)
-            .bind(n)
-            .execute(&mut **tx)
-            .await?;
-    }
-    Ok(())
 }
 
 /// Rows not inserted either repeat a stored reservation (a no-op) or carry an orderId that

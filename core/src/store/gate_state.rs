@@ -69,7 +69,9 @@ impl GateRead {
 pub struct ReconcileView {
     /// The rows of the orders asked about (those that have one).
     pub rows: Vec<Reservation>,
-    /// Active uses (the voucher's counter) reserved at or before the instant asked about.
+    /// Active uses (the voucher's counter) reserved before the instant asked about, to the
+    /// millisecond: a row of that very millisecond may be later than the gate's read, so it
+    /// is left out (counting too few here can only make a repair smaller, never oversell).
     pub active_by: i64,
 }
 
@@ -136,7 +138,7 @@ impl Store {
         Ok(generation.unwrap_or(0))
     }
 
-    /// The rows of `orders` and the active uses reserved at or before `at`, from one
+    /// The rows of `orders` and the active uses reserved before `at`, from one
     /// snapshot: a row written between two separate reads would count twice.
     #[tracing::instrument(name = "db.reconcile_view", skip(self, orders), fields(orders = orders.len()))]
     pub async fn reconcile_view(
@@ -153,7 +155,7 @@ impl Store {
             "SELECT v.used_count - (SELECT count(*) FROM redemptions r
                                     WHERE r.voucher_code = v.code
                                       AND r.status IN ('RESERVED', 'CONFIRMED')
-                                      AND r.reserved_at > $2)
+                                      AND r.reserved_at >= $2)
              FROM vouchers v WHERE v.code = $1",
         )
         .bind(code.as_str())
@@ -228,7 +230,8 @@ impl Store {
         .await?)
     }
 
-    /// Active uses each of `customers` holds among rows reserved at or before `at`.
+    /// Active uses each of `customers` holds among rows reserved before `at` (a row of that
+    /// very millisecond may be later than the gate's read: left out).
     pub async fn customer_uses_by(
         &self,
         code: &VoucherCode,
@@ -240,7 +243,7 @@ impl Store {
              FROM customer_usage u
              LEFT JOIN (SELECT customer_id, count(*) AS n FROM redemptions
                         WHERE voucher_code = $1 AND status IN ('RESERVED', 'CONFIRMED')
-                          AND reserved_at > $3
+                          AND reserved_at >= $3
                         GROUP BY customer_id) later USING (customer_id)
              WHERE u.voucher_code = $1 AND u.customer_id = ANY($2)",
         )

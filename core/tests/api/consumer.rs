@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
+use voucher_core::config::Decision;
 use voucher_core::domain::VoucherCode;
 use voucher_core::flash::events::consumer::EventConsumer;
 use voucher_core::metrics::Metrics;
@@ -90,9 +91,11 @@ async fn a_killed_writer_hands_its_partitions_over_and_every_201_gets_its_row() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stalled_writer_loses_its_partitions_after_the_owner_timeout() {
-    // The app only serves; the test plays a stalled writer, then a live one.
+    // The app only serves; the test plays a stalled writer, then a live one. The broker
+    // decides, so rows come only from the writers.
     let stack = FlashStack::builder()
         .start_with(|s| {
+            s.flash.decision = Decision::Broker;
             if let Some(k) = s.kafka.as_mut() {
                 k.consume = false;
             }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
+use voucher_core::config::Decision;
 use voucher_core::domain::VoucherCode;
 use voucher_core::flash::events::consumer::EventConsumer;
 use voucher_core::flash::reconcile::Reconciler;
@@ -200,9 +201,11 @@ async fn events_replayed_from_offset_zero_change_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_consumer_killed_mid_stream_and_restarted_loses_and_doubles_nothing() {
-    // The app only serves; the test runs the consumers so it can kill one.
+    // The app only serves; the test runs the consumers so it can kill one. The broker
+    // decides, so rows come only from the consumers.
     let env = FlashStack::builder()
         .start_with(|s| {
+            s.flash.decision = Decision::Broker;
             if let Some(k) = s.kafka.as_mut() {
                 k.consume = false;
                 k.batch_max = 10;
@@ -287,7 +290,10 @@ async fn redis_keys_lost_mid_sale_give_503s_then_the_sale_goes_on_without_overse
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_broker_down_for_seconds_mid_sale_loses_no_201_and_oversells_nothing() {
-    let mut env = FlashStack::start().await;
+    // What a broker stall costs when its acknowledgement is the last word (`decision = broker`).
+    let mut env = FlashStack::builder()
+        .start_with(|s| s.flash.decision = Decision::Broker)
+        .await;
     env.app()
         .given_voucher(flash_voucher("OUTAGE", 150, 1))
         .await;
@@ -624,7 +630,10 @@ pub(crate) fn reconciler(env: &FlashStack) -> Reconciler {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reconciliation_repairs_a_gate_that_counts_fewer_uses_than_postgresql() {
-    let env = FlashStack::start().await;
+    // With the broker deciding, the stale gate's extra uses are sold before the repair.
+    let env = FlashStack::builder()
+        .start_with(|s| s.flash.decision = Decision::Broker)
+        .await;
     let app = env.app();
     app.given_voucher(flash_voucher("STALE", 5, 1)).await;
     let sale = Sale::new("STALE", "st", 5).run(app).await;
@@ -717,7 +726,7 @@ async fn one_reconciler_at_a_time_so_a_repair_is_never_taken_twice() {
 async fn with_postgresql_deciding_a_stale_gate_answers_409_not_201() {
     let env = FlashStack::builder()
         .start_with(|s| {
-            s.flash.decision = voucher_core::config::Decision::Database;
+            s.flash.decision = Decision::Database;
         })
         .await;
     let app = env.app();
@@ -749,7 +758,7 @@ async fn with_postgresql_deciding_a_lost_order_claim_cannot_give_one_order_two_u
     // broker deciding that was a 201 whose event the writer then refused; with PostgreSQL
     // deciding, the unique orderId refuses it before any answer.
     let env = FlashStack::builder()
-        .start_with(|s| s.flash.decision = voucher_core::config::Decision::Database)
+        .start_with(|s| s.flash.decision = Decision::Database)
         .await;
     let app = env.app();
     app.given_voucher(flash_voucher("LCA", 5, 1)).await;
