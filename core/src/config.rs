@@ -11,7 +11,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use secrecy::SecretString;
+use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -78,7 +78,15 @@ impl Default for DatabaseSettings {
 pub struct AdminSettings {
     /// Bearer token of the admin calls. Empty disables them (every admin call gets 401).
     pub token: SecretString,
+    /// Bearer token that reads order lists and nothing else: the edge's. Empty: none.
+    pub orders_token: SecretString,
+    /// Allows the development tokens published in this repository (`config/core.toml`).
+    /// Without it the core refuses to start with one of them.
+    pub development: bool,
 }
+
+/// The tokens `config/core.toml` publishes for development stacks.
+pub const DEVELOPMENT_TOKENS: [&str; 2] = ["dev-admin-token", "dev-orders-token"];
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -318,6 +326,17 @@ impl Settings {
             self.redis.is_some() == self.kafka.is_some(),
             "flash mode needs both [redis] and [kafka]; configure both or neither"
         );
+        for (key, token) in [
+            ("admin.token", &self.admin.token),
+            ("admin.orders_token", &self.admin.orders_token),
+        ] {
+            anyhow::ensure!(
+                self.admin.development || !DEVELOPMENT_TOKENS.contains(&token.expose_secret()),
+                "{key} is a development token published in this repository; set a secret one \
+                 (VOUCHER__ADMIN__TOKEN, VOUCHER__ADMIN__ORDERS_TOKEN), or admin.development = \
+                 true for a development stack"
+            );
+        }
         Ok(())
     }
 
@@ -389,6 +408,18 @@ mod tests {
             parse("[redis]\n[kafka]\nmessage_timeout = \"5s\"\n[flash]\nreconcile_grace = \"5s\"")
                 .expect_err("refused");
         assert!(err.to_string().contains("reconcile_grace"), "{err}");
+    }
+
+    #[test]
+    fn the_published_development_tokens_need_the_development_flag() {
+        for file in [
+            "[admin]\ntoken = \"dev-admin-token\"",
+            "[admin]\norders_token = \"dev-orders-token\"",
+        ] {
+            let err = parse(file).expect_err("refused");
+            assert!(err.to_string().contains("development token"), "{err}");
+        }
+        assert!(parse("[admin]\ntoken = \"dev-admin-token\"\ndevelopment = true").is_ok());
     }
 
     #[test]

@@ -90,6 +90,7 @@ impl Application {
         let state = AppState {
             service,
             admin_token: settings.admin.token.clone(),
+            orders_token: settings.admin.orders_token.clone(),
         };
         let service = state.service.clone();
         let (router, _doc) = http::api_router(state, metrics.clone(), settings.http.max_body_bytes);

@@ -15,9 +15,11 @@ pub struct EdgeSettings {
     pub metrics_listen: String,
     /// Core instances (`host:port`), balanced round-robin among the healthy ones.
     pub upstreams: Vec<String>,
-    /// Bearer token for the core's admin calls the edge makes (the order list of a
-    /// sold-out voucher). Never forwarded from clients: admin calls are refused at the edge.
-    pub admin_token: SecretString,
+    /// The cores' `admin.orders_token`: the edge reads the order list of a sold-out voucher
+    /// with it, and it can do nothing else. Never forwarded from clients: admin calls are
+    /// refused at the edge. (`admin_token`, its former name, is still read.)
+    #[serde(alias = "admin_token")]
+    pub orders_token: SecretString,
     /// How long a sold-out flag answers for the core.
     #[serde(with = "humantime_serde")]
     pub sold_out_ttl: Duration,
@@ -49,7 +51,7 @@ impl Default for EdgeSettings {
             listen: "127.0.0.1:8080".into(),
             metrics_listen: "127.0.0.1:9180".into(),
             upstreams: vec!["127.0.0.1:8081".into()],
-            admin_token: SecretString::default(),
+            orders_token: SecretString::default(),
             sold_out_ttl: Duration::from_secs(2),
             cache_capacity: 100_000,
             max_body_bytes: 4096,
@@ -104,7 +106,7 @@ mod tests {
     fn durations_and_the_channel_come_from_the_file() {
         let s: EdgeSettings = config::Config::builder()
             .add_source(config::File::from_str(
-                "sold_out_ttl: 250ms\nkey_prefix: \"shop:\"\nadmin_token: t0k3n",
+                "sold_out_ttl: 250ms\nkey_prefix: \"shop:\"\norders_token: t0k3n",
                 config::FileFormat::Yaml,
             ))
             .build()

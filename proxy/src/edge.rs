@@ -105,7 +105,7 @@ impl Edge {
         let (cache, http, token) = (
             self.sold_out.clone(),
             self.http.clone(),
-            self.settings.admin_token.clone(),
+            self.settings.orders_token.clone(),
         );
         let upstream = self
             .upstreams

@@ -18,6 +18,8 @@ use crate::metrics::Metrics;
 use crate::sale::Attempt;
 
 pub const ADMIN_TOKEN: &str = "test-admin-token";
+/// The token that reads order lists only (the edge's).
+pub const ORDERS_TOKEN: &str = "test-orders-token";
 
 /// Where the tests' PostgreSQL server is (no database name).
 fn server_url() -> String {
@@ -70,6 +72,7 @@ pub fn settings_for(db_url: &str) -> Settings {
     // Tests check behaviour, not speed: a slow shared machine must not turn into 503s.
     s.database.acquire_timeout = StdDuration::from_secs(60);
     s.admin.token = ADMIN_TOKEN.into();
+    s.admin.orders_token = ORDERS_TOKEN.into();
     s.reservations.expiry_interval = StdDuration::from_secs(60);
     s.reservations.expiry_enabled = false;
     s

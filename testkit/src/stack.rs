@@ -14,7 +14,9 @@ use voucher_core::config::{KafkaSettings, RedisSettings, Settings};
 use voucher_core::flash::events::progress::Progress;
 use voucher_core::flash::gate::Gate;
 
-use crate::helpers::{metrics_text, settings_for, ApiClient, TestApp, TestDb, ADMIN_TOKEN};
+use crate::helpers::{
+    metrics_text, settings_for, ApiClient, TestApp, TestDb, ADMIN_TOKEN, ORDERS_TOKEN,
+};
 use crate::invariants::{self, Accepted};
 use crate::metrics::Metrics;
 use crate::process::{listening, Process};
@@ -148,7 +150,7 @@ impl EdgeProcess {
             "listen": format!("127.0.0.1:{port}"),
             "metrics_listen": format!("127.0.0.1:{metrics_port}"),
             "upstreams": upstreams,
-            "admin_token": ADMIN_TOKEN,
+            "orders_token": ORDERS_TOKEN,
             "sold_out_ttl": format!("{}ms", sold_out_ttl.as_millis()),
             "max_body_bytes": 4096,
             "health_check_interval": "100ms",
@@ -344,6 +346,7 @@ fn core_env(settings: &Settings) -> Vec<(String, String)> {
             settings.database.url.expose_secret().to_owned(),
         ),
         ("ADMIN__TOKEN".into(), ADMIN_TOKEN.into()),
+        ("ADMIN__ORDERS_TOKEN".into(), ORDERS_TOKEN.into()),
         (
             "RESERVATIONS__EXPIRY_ENABLED".into(),
             settings.reservations.expiry_enabled.to_string(),

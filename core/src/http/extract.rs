@@ -112,6 +112,18 @@ impl From<PathRejection> for Error {
     }
 }
 
+/// The bearer token a request presents, if any.
+fn presented(parts: &Parts) -> Result<&str, Error> {
+    parts
+        .headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or(Error::Unauthorized)
+}
+
 /// Proof that the request carries the admin bearer token.
 pub struct Admin;
 
@@ -122,20 +134,13 @@ impl FromRequestParts<AppState> for Admin {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let presented = parts
-            .headers
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .ok_or(Error::Unauthorized)?;
+        let presented = presented(parts)?;
         // An empty configured token disables admin calls altogether.
         let token = state.admin_token.expose_secret();
         if token.is_empty() {
             return Err(Error::Unauthorized);
         }
-        if constant_time_eq(presented.as_bytes(), token.as_bytes()) {
+        if token_matches(presented, token) {
             Ok(Admin)
         } else {
             Err(Error::Forbidden)
@@ -143,12 +148,49 @@ impl FromRequestParts<AppState> for Admin {
     }
 }
 
-/// Compares without an early exit, so response time says nothing about the token.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
+/// Proof that the request may read order lists: the admin token, or the orders token (the
+/// edge's, which can do nothing else).
+pub struct OrdersReader;
+
+impl FromRequestParts<AppState> for OrdersReader {
+    type Rejection = Error;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let presented = presented(parts)?;
+        let accepted = [&state.admin_token, &state.orders_token]
+            .into_iter()
+            .map(|t| t.expose_secret())
+            .filter(|t| !t.is_empty())
+            // Both compared, always: which one matched takes no other time.
+            .fold(false, |ok, token| token_matches(presented, token) | ok);
+        if accepted {
+            Ok(OrdersReader)
+        } else if state.admin_token.expose_secret().is_empty()
+            && state.orders_token.expose_secret().is_empty()
+        {
+            Err(Error::Unauthorized)
+        } else {
+            Err(Error::Forbidden)
+        }
+    }
+}
+
+/// Compares in time that depends on the presented token's length only: every presented
+/// byte is compared (against the expected token, cycled), and a length mismatch is folded
+/// in at the end, so neither the expected token's bytes nor its length show in the time.
+fn token_matches(presented: &str, expected: &str) -> bool {
+    let (p, e) = (presented.as_bytes(), expected.as_bytes());
+    if e.is_empty() {
         return false;
     }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    let differs = p
+        .iter()
+        .enumerate()
+        .fold(0u8, |acc, (i, b)| acc | (b ^ e[i % e.len()]));
+    (differs == 0) & (p.len() == e.len())
 }
 
 #[cfg(test)]
@@ -192,9 +234,15 @@ mod tests {
     }
 
     #[test]
-    fn token_comparison() {
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-        assert!(!constant_time_eq(b"abc", b"abcd"));
+    fn token_comparison_covers_bytes_and_length() {
+        assert!(token_matches("s3cr3t", "s3cr3t"));
+        assert!(!token_matches("s3cr3", "s3cr3t"), "a prefix");
+        assert!(!token_matches("s3cr3ts3cr3t", "s3cr3t"), "the token twice");
+        assert!(!token_matches("s3cr3x", "s3cr3t"));
+        assert!(!token_matches("", "s3cr3t"));
+        assert!(
+            !token_matches("x", ""),
+            "an empty expected token matches nothing"
+        );
     }
 }

@@ -33,6 +33,8 @@ use crate::Error;
 pub struct AppState {
     pub service: VoucherService,
     pub admin_token: SecretString,
+    /// Reads order lists only (the edge's token).
+    pub orders_token: SecretString,
 }
 
 /// Every error answer: `{"error": CODE, "message": text}`, plus `field` on
@@ -75,6 +77,11 @@ impl Modify for AdminAuth {
         let components = openapi.components.get_or_insert_with(Default::default);
         components.add_security_scheme(
             "admin",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+        // `admin.orders_token`: reads order lists (GET /vouchers/{code}/orders) only.
+        components.add_security_scheme(
+            "orders",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
     }

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::extract::{Admin, ApiJson, ApiPath};
+use super::extract::{Admin, ApiJson, ApiPath, OrdersReader};
 use super::{AppState, ErrorBody};
 use crate::domain::{Money, NewVoucher, Voucher, VoucherCode, VoucherMode, VoucherStats};
 use crate::Result;
@@ -188,12 +188,13 @@ pub async fn reload_gate(
     ))
 }
 
-/// The orderIds that have a reservation on this voucher, whatever its state (admin; the
-/// edge forwards retries of these while the voucher is sold out).
+/// The orderIds that have a reservation on this voucher, whatever its state (the admin
+/// token or the orders token; the edge forwards retries of these while the voucher is sold
+/// out).
 #[utoipa::path(
     get, path = "/vouchers/{code}/orders", tag = "vouchers",
     params(("code" = String, Path, description = "Voucher code")),
-    security(("admin" = [])),
+    security(("admin" = []), ("orders" = [])),
     responses(
         (status = 200, description = "`{code, orderIds}`"),
         (status = 401, description = "UNAUTHORIZED", body = ErrorBody),
@@ -205,7 +206,7 @@ pub async fn reload_gate(
 #[tracing::instrument(name = "order_ids", skip_all, fields(code = %code))]
 pub async fn order_ids(
     State(state): State<AppState>,
-    _admin: Admin,
+    _reader: OrdersReader,
     ApiPath(code): ApiPath<String>,
 ) -> Result<Json<serde_json::Value>> {
     let code = VoucherCode::parse(code)?;

@@ -3,7 +3,7 @@
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{voucher_body, TestEnv, ADMIN_TOKEN};
+use crate::helpers::{voucher_body, TestEnv, ADMIN_TOKEN, ORDERS_TOKEN};
 
 #[tokio::test]
 async fn create_returns_the_voucher_with_zero_counts() {
@@ -228,5 +228,47 @@ async fn unknown_voucher_is_404_and_bad_code_400() {
     );
     assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
     assert_eq!(bad.json::<Value>().await.expect("json")["field"], "code");
+    env.finish(&[]).await;
+}
+
+/// The edge's token reads order lists and nothing else; the admin token reads them too.
+#[tokio::test]
+async fn the_orders_token_reads_order_lists_and_nothing_else() {
+    let env = TestEnv::start().await;
+    env.app.given_voucher(voucher_body("OTK", 10, 1)).await;
+    let base = &env.app.base;
+    let client = &env.app.client;
+    let orders = |token: Option<&'static str>| {
+        let mut request = client.get(format!("{base}/vouchers/OTK/orders"));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        async move { request.send().await.expect("sent").status() }
+    };
+    assert_eq!(orders(Some(ORDERS_TOKEN)).await, StatusCode::OK);
+    assert_eq!(orders(Some(ADMIN_TOKEN)).await, StatusCode::OK);
+    assert_eq!(orders(Some("guess")).await, StatusCode::FORBIDDEN);
+    assert_eq!(
+        orders(Some(&ORDERS_TOKEN[..ORDERS_TOKEN.len() - 1])).await,
+        StatusCode::FORBIDDEN,
+        "a prefix is not the token"
+    );
+    assert_eq!(orders(None).await, StatusCode::UNAUTHORIZED);
+
+    let create = client
+        .post(format!("{base}/vouchers"))
+        .bearer_auth(ORDERS_TOKEN)
+        .json(&voucher_body("OTK2", 10, 1))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(create.status(), StatusCode::FORBIDDEN);
+    let reload = client
+        .post(format!("{base}/vouchers/OTK/gate/reload"))
+        .bearer_auth(ORDERS_TOKEN)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(reload.status(), StatusCode::FORBIDDEN);
     env.finish(&[]).await;
 }
