@@ -115,6 +115,50 @@ async fn metrics_are_served_on_their_own_port_by_route_template() {
         .await;
 }
 
+/// Series of the metrics text: every sample line.
+fn series(text: &str) -> usize {
+    text.lines().filter(|l| !l.starts_with('#')).count()
+}
+
+/// A client may send any token as a method and any path: labels come from closed sets
+/// (unknown methods are OTHER, unknown routes `unmatched`), so the series stay as many.
+#[tokio::test]
+async fn made_up_methods_and_paths_add_no_metric_series() {
+    let env = TestEnv::start().await;
+    let send = |method: String, path: String| {
+        let request = env.app.client.request(
+            reqwest::Method::from_bytes(method.as_bytes()).expect("a method token"),
+            format!("{}{path}", env.app.base),
+        );
+        async move {
+            let status = request.send().await.expect("answered").status();
+            assert!(status.is_client_error(), "{method} {path}: {status}");
+        }
+    };
+    // One of each kind first: an unknown method on an unknown path (404) and on a known
+    // one (405), a known method on an unknown path.
+    send("XM0".into(), "/nowhere".into()).await;
+    send("XM0".into(), "/vouchers".into()).await;
+    send("GET".into(), "/nowhere".into()).await;
+    let before = series(&env.app.metrics_text().await);
+
+    for i in 1..=2_000u32 {
+        let method = format!("XM{i}");
+        let path = match i % 3 {
+            0 => format!("/nowhere-{i}/{}", i.wrapping_mul(7_919) % 1_000),
+            1 => "/vouchers".to_owned(),
+            _ => format!("/vouchers/{i}/reservations/{i}/x"),
+        };
+        send(method, path).await;
+    }
+
+    let text = env.app.metrics_text().await;
+    assert_eq!(series(&text), before, "{text}");
+    assert!(text.contains(r#"method="OTHER""#), "{text}");
+    assert!(!text.contains("XM1"), "{text}");
+    env.finish(&[]).await;
+}
+
 #[tokio::test]
 async fn the_openapi_document_describes_exactly_the_served_routes() {
     let env = TestEnv::start().await;

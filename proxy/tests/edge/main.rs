@@ -382,3 +382,50 @@ async fn a_core_that_cannot_reach_its_broker_gets_no_traffic() {
     accepted.extend(after.accepted());
     stack.finish(&accepted).await;
 }
+
+/// Series of a metrics text: every sample line.
+fn series(text: &str) -> usize {
+    text.lines().filter(|l| !l.starts_with('#')).count()
+}
+
+/// Made-up methods and paths through the edge: whatever the edge forwards or answers, the
+/// series of the edge and of the cores stay as many (labels come from closed sets).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn made_up_methods_and_paths_through_the_edge_add_no_metric_series() {
+    let stack = stack(Duration::from_secs(2)).await;
+    let edge = &stack.edge().api;
+    let send = |method: String, path: String| {
+        let request = edge.client.request(
+            reqwest::Method::from_bytes(method.as_bytes()).expect("a method token"),
+            format!("{}{path}", edge.base),
+        );
+        async move {
+            let status = request.send().await.expect("answered").status();
+            assert!(status.is_client_error(), "{method} {path}: {status}");
+        }
+    };
+    let paths = |i: u32| match i % 3 {
+        0 => format!("/nowhere-{i}/{}", i.wrapping_mul(7_919) % 1_000),
+        1 => "/vouchers".to_owned(),
+        _ => format!("/vouchers/{i}/reservations/{i}/x"),
+    };
+    // One of each kind first, on every core (the edge balances round-robin).
+    for i in 0..6 {
+        send(format!("XW{i}"), paths(i)).await;
+    }
+    let count = || async {
+        let mut total = series(&stack.edge().metrics_text().await);
+        for core in &stack.cores {
+            total += series(&core.metrics_text().await);
+        }
+        total
+    };
+    let before = count().await;
+
+    for i in 6..2_006u32 {
+        send(format!("XW{i}"), paths(i)).await;
+    }
+
+    assert_eq!(count().await, before);
+    stack.finish(&[]).await;
+}
