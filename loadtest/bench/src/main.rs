@@ -32,6 +32,11 @@ fn step() -> Duration {
     )
 }
 
+/// The cores' `flash.decision`, as `bench.sh` passed it to them (the default otherwise).
+fn decision() -> String {
+    env_or("VOUCHER__FLASH__DECISION", "database")
+}
+
 pub(crate) fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.into())
 }
@@ -397,8 +402,12 @@ impl Run {
         }
         let (std_best, flash_best) = (best_rate(&hot[0].1), best_rate(&hot[1].1));
         self.table.push(format!(
-            "| Accepting on one hot voucher, at a core: flash gate path vs standard PostgreSQL path (ours) | {flash_best:.0}/s | {std_best:.0}/s | {:.2} | flash = Redis script + Kafka acks=all per use |",
-            flash_best / std_best.max(1.0)
+            "| Accepting on one hot voucher, at a core: flash gate path vs standard PostgreSQL path (ours) | {flash_best:.0}/s | {std_best:.0}/s | {:.2} | flash = Redis script + {} per use |",
+            flash_best / std_best.max(1.0),
+            match decision().as_str() {
+                "broker" => "Kafka acks=all",
+                _ => "PostgreSQL commit (grouped)",
+            }
         ));
         for (mode, steps) in &hot {
             write_steps(
@@ -451,7 +460,12 @@ impl Run {
         writeln!(md, "# Benchmark report\n")?;
         writeln!(md, "- when: {}", chrono::Utc::now().to_rfc3339())?;
         writeln!(md, "- machine: {}", probe::machine())?;
-        writeln!(md, "- command: `./loadtest/bench.sh` (steps of {} s; ladders in the environment: SALE_RATES, REJECT_RATES, ACCEPT_RATES)", step().as_secs())?;
+        writeln!(md, "- command: `{}./loadtest/bench.sh` (steps of {} s; ladders in the environment: SALE_RATES, REJECT_RATES, ACCEPT_RATES)", match decision().as_str() { "database" => String::new(), other => format!("VOUCHER__FLASH__DECISION={other} ") }, step().as_secs())?;
+        writeln!(
+            md,
+            "- the cores' `flash.decision`: {} (the last word before a flash 201)",
+            decision()
+        )?;
         writeln!(md, "- generator: `voucher-bench` (open model: constant arrival rate, latency from the scheduled time; \"late starts\" count requests the generator itself sent > 10 ms late) unless a row says redis-benchmark")?;
         writeln!(md, "- a step is *sustained* when achieved >= 97% of offered, late starts <= 1%, no errors and p99 < 100 ms")?;
         writeln!(md, "- connections: {SALE_CONNECTIONS} for sales and accepting runs, {FAST_CONNECTIONS} for the reject-path comparison")?;
