@@ -37,7 +37,7 @@ use crate::config::{Decision, FlashSettings, KafkaSettings};
 use crate::domain::{Voucher, VoucherCode};
 use crate::metrics::Metrics;
 use crate::store::Store;
-use crate::Result;
+use crate::{Error, Result};
 use events::monitor::ConsumerHealth;
 use events::progress::Progress;
 use events::publisher::Publisher;
@@ -105,6 +105,21 @@ impl FlashPath {
 
     pub fn progress(&self) -> &Progress {
         &self.inner.progress
+    }
+
+    /// Whether every published event's row is in PostgreSQL, waiting up to `timeout` for
+    /// the writers. With PostgreSQL deciding, the row is committed before the 201 and
+    /// before the event is published: nothing to wait for (the writers only find
+    /// duplicates, and their lag holds up neither a rebuild nor reconciliation).
+    pub async fn rows_caught_up(&self, timeout: Duration) -> Result<bool> {
+        if self.inner.settings.decision == Decision::Database {
+            return Ok(true);
+        }
+        self.inner
+            .progress
+            .wait_caught_up(timeout)
+            .await
+            .map_err(|e| Error::internal(e.context("reading the writers' progress")))
     }
 
     pub fn consumer_health(&self) -> &Arc<ConsumerHealth> {

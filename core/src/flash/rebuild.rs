@@ -3,13 +3,12 @@
 
 use std::sync::Arc;
 
-use anyhow::Context;
 use futures::TryStreamExt;
 
 use super::gate::{LoadStart, OrderRecord, CHUNK};
 use super::FlashPath;
 use crate::domain::Voucher;
-use crate::{Error, Result};
+use crate::Result;
 
 /// How a rebuild ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,15 +75,11 @@ impl FlashPath {
         // 1. A reservation that passed the gate just before it was lost may still be
         //    publishing; after message_timeout its event is written or never will be.
         tokio::time::sleep(self.inner.message_timeout).await;
-        // 2. Every event published so far is in PostgreSQL once the group caught up.
-        let caught_up = self
-            .inner
-            .progress
-            .wait_caught_up(self.inner.settings.catch_up_timeout)
-            .await
-            .context("reading the consumer group's progress")
-            .map_err(Error::internal)?;
-        if !caught_up {
+        // 2. Every event published so far is in PostgreSQL once the writers caught up.
+        if !self
+            .rows_caught_up(self.inner.settings.catch_up_timeout)
+            .await?
+        {
             return Ok(Rebuild::NotCaughtUp);
         }
         // 3. Load it from PostgreSQL; edges that flagged it sold out while it was closed

@@ -116,8 +116,7 @@ impl Reconciler {
         }
         let caught_up = self
             .flash
-            .progress()
-            .wait_caught_up(self.catch_up_timeout)
+            .rows_caught_up(self.catch_up_timeout)
             .await
             .unwrap_or(false);
         let mut reports = Vec::with_capacity(vouchers.len());

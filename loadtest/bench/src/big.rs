@@ -308,13 +308,14 @@ pub async fn run(out: std::path::PathBuf) -> anyhow::Result<()> {
         .await?;
     anyhow::ensure!(reload.status().is_success(), "reload: {}", reload.status());
     let mut reopened = None;
-    for _ in 0..3000 {
+    // Polled every 500 ms: each GET counts the voucher's rows by status.
+    for _ in 0..600 {
         let v = voucher(&stack, &code).await?;
         if v["gateRemaining"].as_i64().is_some() {
             reopened = Some((started.elapsed(), v["gateRemaining"].as_i64()));
             break;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let reload_slow = slowlog().await?;
     table.push(format!(
