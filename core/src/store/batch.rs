@@ -96,7 +96,15 @@ async fn record_batch(
         let inserted = insert_and_count(&mut *conn, batch).await?;
         let fresh: HashSet<&str> = inserted.iter().map(String::as_str).collect();
         // Rows never change voucher or customer: reading them after the commit is safe.
-        let refused = classify_existing(conn, batch, &fresh).await?;
+        let refused = if inserted.len() == batch.len() {
+            vec![]
+        } else {
+            let mut tx = conn.begin().await?;
+            by_index(&mut tx).await?;
+            let refused = classify_existing(&mut tx, batch, &fresh).await?;
+            tx.commit().await?;
+            refused
+        };
         return Ok(BatchResult {
             inserted: inserted.len(),
             duplicates: batch.len() - inserted.len() - refused.len(),
@@ -106,6 +114,7 @@ async fn record_batch(
         });
     };
     let mut tx = conn.begin().await?;
+    by_index(&mut tx).await?;
     let inserted = insert_and_count(&mut tx, batch).await?;
     let fresh: HashSet<&str> = inserted.iter().map(String::as_str).collect();
     let refused = classify_existing(&mut tx, batch, &fresh).await?;
@@ -193,6 +202,18 @@ enum Single {
     Inserted,
     Duplicate,
     Refused(String),
+}
+
+/// Makes the rest of the transaction look rows up by their indexes whatever the planner's
+/// statistics say. Measured: with autovacuum off (as on this machine's PostgreSQL) the
+/// tables are never analyzed, the planner takes `redemptions` for empty, and looking 500
+/// orderIds up with `= ANY` became a scan of a million rows per batch (13.6 s each; the
+/// writers fell 940,000 events behind after a million-use sale).
+pub(super) async fn by_index(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::query("SET LOCAL enable_seqscan = off")
+        .execute(conn)
+        .await?;
+    Ok(())
 }
 
 /// Inserts every row whose orderId is new and adds their uses to each customer's and each

@@ -151,6 +151,7 @@ impl Store {
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
             .execute(&mut *tx)
             .await?;
+        super::batch::by_index(&mut tx).await?;
         let active_by: i64 = sqlx::query_scalar(
             "SELECT v.used_count - (SELECT count(*) FROM redemptions r
                                     WHERE r.voucher_code = v.code
