@@ -66,6 +66,8 @@ pub struct Cursors {
     released: Option<(DateTime<Utc>, String)>,
     /// The last customer checked; the sweep starts over after the last page.
     customer: String,
+    /// The shortfall the previous round found (uses the gate counted too few), if any.
+    short_before: i64,
 }
 
 /// What one voucher's reconciliation found.
@@ -241,23 +243,38 @@ impl Reconciler {
         // snapshot could not hold every unsettled order, the count is not checked this round.
         let gate_used = i64::from(voucher.total_limit) - remaining;
         let drift = gate_used - view.active_by - in_flight;
-        if drift < 0 && snapshot.is_complete() {
+        // A shortfall is repaired once two rounds in a row found one, by the smaller of the
+        // two: a stale gate stays short, while a shortfall made by a race between this
+        // round's reads and a give-back elsewhere (the fault campaign caught one after both
+        // cores were killed mid-release) is gone by the next round. Taking such a one off
+        // would lose a use for good.
+        let short = if snapshot.is_complete() {
+            (-drift).max(0)
+        } else {
+            0
+        };
+        let confirmed = short.min(cursors.short_before);
+        cursors.short_before = short;
+        if confirmed > 0 {
             // The gate would sell uses PostgreSQL has already given: take them off now.
             if self
                 .flash
                 .gate()
-                .adjust(voucher, drift, &[])
+                .adjust(voucher, -confirmed, &[])
                 .await?
                 .is_some()
             {
-                tracing::error!(%code, uses = -drift, "gate counted fewer uses than PostgreSQL holds; repaired");
+                tracing::error!(%code, uses = confirmed, "gate counted fewer uses than PostgreSQL holds, two rounds in a row; repaired");
                 self.metrics
                     .reconciled
                     .with_label_values(&["repaired"])
-                    .inc_by(drift.unsigned_abs());
-                report.repaired = -drift;
-                remaining += drift;
+                    .inc_by(confirmed.unsigned_abs());
+                report.repaired = confirmed;
+                remaining -= confirmed;
+                cursors.short_before -= confirmed;
             }
+        } else if short > 0 {
+            tracing::warn!(%code, uses = short, "gate counts fewer uses than PostgreSQL holds; repaired if the next round finds it too");
         }
         report.repaired_customers = self.repair_customers(voucher, &mut cursors).await?;
         report.drift = i64::from(voucher.total_limit) - remaining - view.active_by - in_flight;
