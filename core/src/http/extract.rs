@@ -6,7 +6,7 @@ use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
-use secrecy::ExposeSecret;
+use secrecy::{ExposeSecret, SecretString};
 use serde::de::DeserializeOwned;
 
 use super::AppState;
@@ -124,7 +124,31 @@ fn presented(parts: &Parts) -> Result<&str, Error> {
         .ok_or(Error::Unauthorized)
 }
 
-/// Proof that the request carries the admin bearer token.
+/// Whether the request presents one of `tokens` (empty ones accept nothing): 401 without a
+/// token or when none is configured, 403 for a wrong one. Every configured token is
+/// compared, always: which one matched takes no other time.
+fn authorize(parts: &Parts, tokens: &[&SecretString]) -> Result<(), Error> {
+    let presented = presented(parts)?;
+    let configured: Vec<&str> = tokens
+        .iter()
+        .map(|t| t.expose_secret())
+        .filter(|t| !t.is_empty())
+        .collect();
+    if configured.is_empty() {
+        return Err(Error::Unauthorized);
+    }
+    let accepted = configured
+        .into_iter()
+        .fold(false, |ok, token| token_matches(presented, token) | ok);
+    if accepted {
+        Ok(())
+    } else {
+        Err(Error::Forbidden)
+    }
+}
+
+/// Proof that the request carries the admin bearer token (an empty configured token
+/// disables admin calls altogether).
 pub struct Admin;
 
 impl FromRequestParts<AppState> for Admin {
@@ -134,17 +158,7 @@ impl FromRequestParts<AppState> for Admin {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let presented = presented(parts)?;
-        // An empty configured token disables admin calls altogether.
-        let token = state.admin_token.expose_secret();
-        if token.is_empty() {
-            return Err(Error::Unauthorized);
-        }
-        if token_matches(presented, token) {
-            Ok(Admin)
-        } else {
-            Err(Error::Forbidden)
-        }
+        authorize(parts, &[&state.admin_token]).map(|()| Admin)
     }
 }
 
@@ -159,22 +173,7 @@ impl FromRequestParts<AppState> for OrdersReader {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let presented = presented(parts)?;
-        let accepted = [&state.admin_token, &state.orders_token]
-            .into_iter()
-            .map(|t| t.expose_secret())
-            .filter(|t| !t.is_empty())
-            // Both compared, always: which one matched takes no other time.
-            .fold(false, |ok, token| token_matches(presented, token) | ok);
-        if accepted {
-            Ok(OrdersReader)
-        } else if state.admin_token.expose_secret().is_empty()
-            && state.orders_token.expose_secret().is_empty()
-        {
-            Err(Error::Unauthorized)
-        } else {
-            Err(Error::Forbidden)
-        }
+        authorize(parts, &[&state.admin_token, &state.orders_token]).map(|()| OrdersReader)
     }
 }
 

@@ -209,18 +209,6 @@ impl Store {
         }
     }
 
-    /// Every reservation of a voucher, whatever its status.
-    #[tracing::instrument(name = "db.voucher_reservations", skip(self))]
-    pub async fn voucher_reservations(&self, code: &VoucherCode) -> Result<Vec<Reservation>> {
-        let rows: Vec<RedemptionRow> = sqlx::query_as(&format!(
-            "SELECT {REDEMPTION_COLUMNS} FROM redemptions WHERE voucher_code = $1"
-        ))
-        .bind(code.as_str())
-        .fetch_all(self.pool())
-        .await?;
-        rows.into_iter().map(Reservation::try_from).collect()
-    }
-
     /// The order ids of every reservation of a voucher.
     pub async fn voucher_order_ids(&self, code: &VoucherCode) -> Result<Vec<String>> {
         Ok(

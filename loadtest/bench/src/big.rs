@@ -160,11 +160,11 @@ async fn reconcile_counters(stack: &Stack) -> anyhow::Result<(f64, f64, f64)> {
 }
 
 fn percentiles(mut micros: Vec<u128>) -> String {
-    micros.sort_unstable();
-    let at = |p: f64| micros[((micros.len() - 1) as f64 * p) as usize] as f64 / 1000.0;
     if micros.is_empty() {
         return "-".into();
     }
+    micros.sort_unstable();
+    let at = |p: f64| micros[((micros.len() - 1) as f64 * p) as usize] as f64 / 1000.0;
     format!(
         "p50 {:.2} / p99 {:.2} / max {:.2} ms",
         at(0.5),
