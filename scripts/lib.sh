@@ -122,6 +122,15 @@ ensure_faketime() {
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null
 }
 
+# schemathesis (PyPI) for the API fuzz run and its seeded slice in the tests.
+SCHEMATHESIS_VERSION=4.32.5
+ensure_schemathesis() {
+  if command -v st >/dev/null 2>&1 && st --version 2>/dev/null | grep -q "$SCHEMATHESIS_VERSION"; then return 0; fi
+  log "installing schemathesis $SCHEMATHESIS_VERSION (pip)"
+  pip install -q "schemathesis==$SCHEMATHESIS_VERSION"
+  hash -r
+}
+
 # Prometheus (Debian package) for the dashboard test; the package's service is not started.
 ensure_prometheus() {
   if command -v prometheus >/dev/null 2>&1; then return 0; fi

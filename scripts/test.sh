@@ -12,4 +12,5 @@ ensure_tansu
 ensure_k6
 ensure_prometheus
 ensure_faketime
+ensure_schemathesis
 cargo test --workspace --locked "$@"

@@ -24,11 +24,14 @@ pub enum ErrorCode {
     Internal,
     /// The edge could not read the request.
     BadRequest,
+    /// The edge refused a client sending faster than its configured rate (429, with
+    /// Retry-After).
+    RateLimited,
 }
 
 impl ErrorCode {
     /// Every code, for documents and tests.
-    pub const ALL: [ErrorCode; 20] = [
+    pub const ALL: [ErrorCode; 21] = [
         Self::InvalidRequest,
         Self::MalformedJson,
         Self::UnsupportedMediaType,
@@ -49,6 +52,7 @@ impl ErrorCode {
         Self::ServiceUnavailable,
         Self::Internal,
         Self::BadRequest,
+        Self::RateLimited,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -73,6 +77,7 @@ impl ErrorCode {
             Self::ServiceUnavailable => "SERVICE_UNAVAILABLE",
             Self::Internal => "INTERNAL",
             Self::BadRequest => "BAD_REQUEST",
+            Self::RateLimited => "RATE_LIMITED",
         }
     }
 

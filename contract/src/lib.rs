@@ -4,12 +4,18 @@
 //! - [`headers`]: response headers with a meaning beyond HTTP itself;
 //! - [`ErrorCode`]: the stable `error` codes of every error answer, the edge's own included;
 //! - [`Route`]: the API's calls as the edge recognises them from method and path;
+//! - [`request`]: how a request is read where edge and core must agree (identifiers,
+//!   percent-decoding, the reservation body);
+//! - [`order_filter`]: the compact set of a sold-out voucher's orderIds the edge fetches;
 //! - [`availability_channel`]: the Redis Pub/Sub channel on which cores announce uses given
 //!   back, derived from the one Redis key prefix both sides are configured with.
 //!
-//! It depends on nothing: plain strings, so a proxy and a web framework can both use it.
+//! It depends only on serde and percent-encoding, so a proxy and a web framework can both
+//! use it.
 
 mod codes;
+pub mod order_filter;
+pub mod request;
 mod routes;
 
 pub use codes::ErrorCode;

@@ -11,10 +11,15 @@ pub enum Route {
     GetVoucher,
     /// `POST /vouchers/{code}/gate/reload` (admin).
     ReloadGate,
-    /// `GET /vouchers/{code}/orders` (admin; the edge's own order-list fetch).
+    /// `GET /vouchers/{code}/orders` (admin, or the orders token).
     OrderIds,
-    /// `POST /vouchers/{code}/reservations`: the one a sold-out flag answers.
-    Reserve { code: String },
+    /// `GET /vouchers/{code}/orders/filter` (admin, or the orders token): the edge's own
+    /// fetch of a sold-out voucher's orders, as a compact filter.
+    OrderFilter,
+    /// `POST /vouchers/{code}/reservations`: the one a sold-out flag answers. `code` is the
+    /// path segment percent-decoded as the core decodes it (`None` when that is not UTF-8),
+    /// so every spelling of a code meets the same flag.
+    Reserve { code: Option<String> },
     /// `POST /vouchers/{code}/reservations/{orderId}/confirm`.
     Confirm,
     /// `DELETE /vouchers/{code}/reservations/{orderId}`.
@@ -30,8 +35,9 @@ impl Route {
             ("POST", ["vouchers"]) => Self::CreateVoucher,
             (_, ["vouchers", _, "gate", ..]) => Self::ReloadGate,
             (_, ["vouchers", _, "orders"]) => Self::OrderIds,
+            (_, ["vouchers", _, "orders", "filter"]) => Self::OrderFilter,
             ("POST", ["vouchers", code, "reservations"]) => Self::Reserve {
-                code: (*code).to_owned(),
+                code: crate::request::decode_segment(code),
             },
             ("POST", ["vouchers", _, "reservations", _, "confirm"]) => Self::Confirm,
             ("DELETE", ["vouchers", _, "reservations", _]) => Self::Release,
@@ -44,7 +50,7 @@ impl Route {
     pub fn is_admin(&self) -> bool {
         matches!(
             self,
-            Self::CreateVoucher | Self::ReloadGate | Self::OrderIds
+            Self::CreateVoucher | Self::ReloadGate | Self::OrderIds | Self::OrderFilter
         )
     }
 
@@ -55,18 +61,19 @@ impl Route {
             Self::Confirm => "confirm",
             Self::Release => "release",
             Self::GetVoucher => "get_voucher",
-            Self::CreateVoucher | Self::ReloadGate | Self::OrderIds => "admin",
+            Self::CreateVoucher | Self::ReloadGate | Self::OrderIds | Self::OrderFilter => "admin",
             Self::Other => "other",
         }
     }
 
     /// The method and path template of each call the edge treats on its own, as the
     /// core's OpenAPI document writes them.
-    pub const TEMPLATES: [(&'static str, &'static str); 7] = [
+    pub const TEMPLATES: [(&'static str, &'static str); 8] = [
         ("post", "/vouchers"),
         ("get", "/vouchers/{code}"),
         ("post", "/vouchers/{code}/gate/reload"),
         ("get", "/vouchers/{code}/orders"),
+        ("get", "/vouchers/{code}/orders/filter"),
         ("post", "/vouchers/{code}/reservations"),
         ("post", "/vouchers/{code}/reservations/{orderId}/confirm"),
         ("delete", "/vouchers/{code}/reservations/{orderId}"),
@@ -75,9 +82,14 @@ impl Route {
     /// Where a core says whether it can serve: the edge balances on it.
     pub const READINESS_PATH: &'static str = "/readyz";
 
-    /// The order-list path the edge fetches for a sold-out voucher.
+    /// The order-list path (admin).
     pub fn order_ids_path(code: &str) -> String {
         format!("/vouchers/{code}/orders")
+    }
+
+    /// The order-filter path the edge fetches for a sold-out voucher.
+    pub fn order_filter_path(code: &str) -> String {
+        format!("/vouchers/{code}/orders/filter")
     }
 }
 
@@ -89,7 +101,20 @@ mod tests {
     fn classifies_the_api() {
         assert_eq!(
             Route::classify("POST", "/vouchers/F1/reservations"),
-            Route::Reserve { code: "F1".into() }
+            Route::Reserve {
+                code: Some("F1".into())
+            }
+        );
+        assert_eq!(
+            Route::classify("POST", "/vouchers/%46%31/reservations"),
+            Route::Reserve {
+                code: Some("F1".into())
+            },
+            "one voucher, however its code is spelt"
+        );
+        assert_eq!(
+            Route::classify("POST", "/vouchers/%ff/reservations"),
+            Route::Reserve { code: None }
         );
         assert_eq!(
             Route::classify("POST", "/vouchers/F1/reservations/o1/confirm"),
@@ -118,6 +143,10 @@ mod tests {
         assert_eq!(
             Route::classify("GET", &Route::order_ids_path("C1")),
             Route::OrderIds
+        );
+        assert_eq!(
+            Route::classify("GET", &Route::order_filter_path("C1")),
+            Route::OrderFilter
         );
     }
 }

@@ -5,6 +5,8 @@
 
 use std::sync::Arc;
 
+use voucher_contract::order_filter::OrderFilter;
+
 use crate::catalog::Catalog;
 use crate::domain::{
     NewVoucher, OrderId, Reservation, ReservationRequest, Voucher, VoucherCode, VoucherMode,
@@ -161,6 +163,20 @@ impl VoucherService {
                 .await?
                 .ok_or(Error::unavailable("voucher gate (rebuilding)")),
             _ => self.store.voucher_order_ids(code).await,
+        }
+    }
+
+    /// Every orderId that has a reservation on the voucher, as a filter with the uses left
+    /// when it was read: what an edge needs to answer a sold-out voucher's newcomers.
+    pub async fn order_filter(&self, code: &VoucherCode) -> Result<OrderFilter> {
+        let voucher = self.catalog.get(code).await?;
+        match (voucher.mode, &self.flash) {
+            (VoucherMode::Flash, Some(flash)) => flash
+                .gate()
+                .order_filter(code)
+                .await?
+                .ok_or(Error::unavailable("voucher gate (rebuilding)")),
+            _ => self.store.voucher_order_filter(code).await,
         }
     }
 

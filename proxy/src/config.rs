@@ -6,6 +6,8 @@ use std::time::Duration;
 use secrecy::SecretString;
 use serde::Deserialize;
 
+use crate::rate_limit::RateLimitSettings;
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EdgeSettings {
@@ -23,6 +25,12 @@ pub struct EdgeSettings {
     /// How long a sold-out flag answers for the core.
     #[serde(with = "humantime_serde")]
     pub sold_out_ttl: Duration,
+    /// A voucher's order filter is fetched from a core at most once per this interval,
+    /// whatever clients send (give-backs drop flags; each new flag would fetch again).
+    #[serde(with = "humantime_serde")]
+    pub order_fetch_interval: Duration,
+    /// Per-client rates (0 = off): `rate_limit.per_ip`, `rate_limit.per_customer`.
+    pub rate_limit: RateLimitSettings,
     /// Vouchers with a flag at once, at most.
     pub cache_capacity: u64,
     /// Request bodies above this get 413 at the edge.
@@ -53,6 +61,8 @@ impl Default for EdgeSettings {
             upstreams: vec!["127.0.0.1:8081".into()],
             orders_token: SecretString::default(),
             sold_out_ttl: Duration::from_secs(2),
+            order_fetch_interval: Duration::from_secs(1),
+            rate_limit: RateLimitSettings::default(),
             cache_capacity: 100_000,
             max_body_bytes: 4096,
             health_check_interval: Duration::from_millis(500),

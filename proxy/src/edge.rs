@@ -1,6 +1,5 @@
 //! The `ProxyHttp` implementation: what the edge does in each phase of a request.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -13,16 +12,19 @@ use pingora::prelude::{HttpPeer, ProxyHttp, Session};
 use pingora::proxy::FailToProxy;
 use pingora::{Error, ErrorType, Result};
 use secrecy::{ExposeSecret, SecretString};
-use serde::Deserialize;
+use voucher_contract::order_filter::{OrderFilter, MAX_BITS};
+use voucher_contract::request::{self, ReserveBody, VOUCHER_CODE};
 use voucher_contract::{headers, ErrorCode, Route, RETRY_AFTER_SECS};
 
 use crate::config::EdgeSettings;
 use crate::metrics::EdgeMetrics;
+use crate::rate_limit::{Limited, RateLimits};
 use crate::sold_out::{SoldOutCache, Verdict};
 
 pub struct Edge {
     pub upstreams: Arc<LoadBalancer<RoundRobin>>,
     pub sold_out: SoldOutCache,
+    pub rate_limits: RateLimits,
     pub metrics: Arc<EdgeMetrics>,
     pub settings: Arc<EdgeSettings>,
     /// For the order list of a sold-out voucher.
@@ -32,18 +34,14 @@ pub struct Edge {
 /// Per-request state carried between the phases.
 pub struct Ctx {
     route: Route,
+    /// A reservation's voucher code as the core reads it, when its request is one a core
+    /// would take past its checks: the key of the voucher's one sold-out flag.
+    code: Option<String>,
     started: Instant,
     /// What happened, for metrics: `forwarded` or why the edge answered.
     outcome: &'static str,
     /// Upstreams this request failed to reach, skipped when it is retried.
     failed: Vec<String>,
-}
-
-/// The only field of a reservation body the edge reads.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct OrderOnly {
-    order_id: Option<String>,
 }
 
 impl Edge {
@@ -64,7 +62,7 @@ impl Edge {
         header.insert_header("content-length", body.len().to_string())?;
         header.insert_header(headers::SERVED_BY, "edge")?;
         header.insert_header(headers::ERROR_CODE, code.as_str())?;
-        if status == 503 {
+        if status == 503 || status == 429 {
             header.insert_header(headers::RETRY_AFTER, RETRY_AFTER_SECS.to_string())?;
         }
         session.set_keepalive(Some(60));
@@ -96,7 +94,25 @@ impl Edge {
         Ok(Some(Bytes::from(body)))
     }
 
-    /// Sets the sold-out flag of `code` and fetches its order list from a core.
+    async fn rate_limited(&self, session: &mut Session, by: Limited) -> Result<()> {
+        self.metrics
+            .rate_limited
+            .with_label_values(&[by.label()])
+            .inc();
+        let message = match by {
+            Limited::Ip => {
+                "too many requests from this address; retry after the Retry-After seconds"
+            }
+            Limited::Customer => {
+                "too many reservations for this customer; retry after the Retry-After seconds"
+            }
+        };
+        self.answer(session, 429, ErrorCode::RateLimited, message)
+            .await
+    }
+
+    /// Sets the sold-out flag of `code` and fetches its order filter from a core (one
+    /// fetch per voucher at a time, and at most one per `order_fetch_interval`).
     fn flag_sold_out(&self, code: &str) {
         let Some(id) = self.sold_out.begin(code) else {
             return;
@@ -112,37 +128,47 @@ impl Edge {
             .select(code.as_bytes(), 256)
             .map(|b| b.addr.to_string());
         let code = code.to_owned();
+        let metrics = self.metrics.clone();
         tokio::spawn(async move {
-            let orders = match upstream {
-                Some(addr) => fetch_orders(&http, &addr, &code, &token).await,
+            let filter = match upstream {
+                Some(addr) => fetch_filter(&http, &addr, &code, &token).await,
                 None => Err("no healthy core".into()),
             };
-            match orders {
-                Ok(orders) => {
-                    cache.complete(&code, id, orders);
+            let outcome = match filter {
+                // Read while uses were left: a stale 409, not a sold-out voucher.
+                Ok(filter) if filter.remaining > 0 => {
+                    cache.abandon(&code, id);
+                    "not_sold_out"
+                }
+                Ok(filter) => {
+                    if cache.complete(&code, id, filter) {
+                        "stored"
+                    } else {
+                        "dropped"
+                    }
                 }
                 Err(e) => {
-                    tracing::warn!(%code, error = %e, "order list not fetched; not answering for this voucher");
+                    tracing::warn!(%code, error = %e, "order filter not fetched; not answering for this voucher");
                     cache.abandon(&code, id);
+                    "failed"
                 }
-            }
+            };
+            metrics.order_fetches.with_label_values(&[outcome]).inc();
         });
     }
 }
 
-async fn fetch_orders(
+/// The largest answer a filter can be: its header and `MAX_BITS` bits.
+const MAX_FILTER_BYTES: usize = 64 + (MAX_BITS / 8) as usize;
+
+async fn fetch_filter(
     http: &reqwest::Client,
     addr: &str,
     code: &str,
     token: &SecretString,
-) -> Result<HashSet<String>, String> {
-    #[derive(Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Orders {
-        order_ids: Vec<String>,
-    }
-    let resp = http
-        .get(format!("http://{addr}{}", Route::order_ids_path(code)))
+) -> Result<OrderFilter, String> {
+    let mut resp = http
+        .get(format!("http://{addr}{}", Route::order_filter_path(code)))
         .bearer_auth(token.expose_secret())
         .send()
         .await
@@ -150,8 +176,14 @@ async fn fetch_orders(
     if !resp.status().is_success() {
         return Err(format!("core answered {}", resp.status()));
     }
-    let orders: Orders = resp.json().await.map_err(|e| e.to_string())?;
-    Ok(orders.order_ids.into_iter().collect())
+    let mut body = Vec::with_capacity(resp.content_length().unwrap_or(0).min(1 << 24) as usize);
+    while let Some(chunk) = resp.chunk().await.map_err(|e| e.to_string())? {
+        body.extend_from_slice(&chunk);
+        if body.len() > MAX_FILTER_BYTES {
+            return Err(format!("filter larger than {MAX_FILTER_BYTES} bytes"));
+        }
+    }
+    OrderFilter::decode(&body).ok_or_else(|| "not an order filter".to_owned())
 }
 
 #[async_trait]
@@ -161,6 +193,7 @@ impl ProxyHttp for Edge {
     fn new_ctx(&self) -> Ctx {
         Ctx {
             route: Route::Other,
+            code: None,
             started: Instant::now(),
             outcome: "forwarded",
             failed: Vec::new(),
@@ -179,6 +212,15 @@ impl ProxyHttp for Edge {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<usize>().ok());
 
+        let ip = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip());
+        if let Err(by) = self.rate_limits.check_ip(ip) {
+            ctx.outcome = "rate_limited";
+            self.rate_limited(session, by).await?;
+            return Ok(true);
+        }
         if ctx.route.is_admin() {
             ctx.outcome = "admin_refused";
             self.answer(
@@ -198,16 +240,33 @@ impl ProxyHttp for Edge {
         let Route::Reserve { code } = &ctx.route else {
             return Ok(false);
         };
-        let code = code.clone();
+        // The code as the core reads it (percent-decoded, then checked): every spelling of
+        // a voucher meets its one flag, and one the core refuses never meets a flag.
+        let code = code.clone().filter(|c| VOUCHER_CODE.check(c).is_ok());
+        let json = session
+            .req_header()
+            .headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(request::is_json);
         let Some(body) = self.read_body(session).await? else {
             ctx.outcome = "too_large";
             self.too_large(session).await?;
             return Ok(true);
         };
-        let order_id = serde_json::from_slice::<OrderOnly>(&body)
-            .ok()
-            .and_then(|b| b.order_id);
-        if self.sold_out.verdict(&code, order_id.as_deref()) == Verdict::SoldOut {
+        // Only a request a core would take past its checks is answered here; anything a
+        // core refuses (415, 400) goes to it, so the answer keeps the API's precedence.
+        let (Some(code), true, Some(reserve)) = (code, json, ReserveBody::read_checked(&body))
+        else {
+            return Ok(false);
+        };
+        if let Err(by) = self.rate_limits.check_customer(&reserve.customer_id) {
+            ctx.outcome = "rate_limited";
+            self.rate_limited(session, by).await?;
+            return Ok(true);
+        }
+        ctx.code = Some(code.clone());
+        if self.sold_out.verdict(&code, Some(&reserve.order_id)) == Verdict::SoldOut {
             ctx.outcome = "sold_out";
             self.answer(
                 session,
@@ -284,7 +343,7 @@ impl ProxyHttp for Edge {
         response: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        if let Route::Reserve { code } = &ctx.route {
+        if let Some(code) = &ctx.code {
             let out_of_stock = response.status.as_u16() == 409
                 && response
                     .headers

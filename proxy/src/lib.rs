@@ -15,6 +15,7 @@
 pub mod config;
 pub mod edge;
 pub mod metrics;
+pub mod rate_limit;
 pub mod server;
 pub mod signals;
 pub mod sold_out;

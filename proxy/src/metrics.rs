@@ -23,6 +23,11 @@ pub struct EdgeMetrics {
     pub availability_signals: IntCounter,
     /// Vouchers currently flagged sold out.
     pub flags: IntGauge,
+    /// Order-filter fetches by outcome: stored, dropped (a give-back came first),
+    /// not_sold_out (read while uses were left), failed.
+    pub order_fetches: IntCounterVec,
+    /// Requests refused for a client over its rate, by what was counted (ip, customer).
+    pub rate_limited: IntCounterVec,
 }
 
 impl EdgeMetrics {
@@ -60,6 +65,22 @@ impl EdgeMetrics {
         .expect("static metric definition is valid");
         let flags = IntGauge::new("edge_sold_out_flags", "Vouchers flagged sold out")
             .expect("static metric definition is valid");
+        let order_fetches = IntCounterVec::new(
+            Opts::new(
+                "edge_order_filter_fetches_total",
+                "Order-filter fetches of sold-out vouchers, by outcome",
+            ),
+            &["outcome"],
+        )
+        .expect("static metric definition is valid");
+        let rate_limited = IntCounterVec::new(
+            Opts::new(
+                "edge_rate_limited_total",
+                "Requests answered 429 for a client over its rate, by what was counted",
+            ),
+            &["by"],
+        )
+        .expect("static metric definition is valid");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(duration.clone()),
@@ -67,12 +88,26 @@ impl EdgeMetrics {
             Box::new(flags_set.clone()),
             Box::new(availability_signals.clone()),
             Box::new(flags.clone()),
+            Box::new(order_fetches.clone()),
+            Box::new(rate_limited.clone()),
         ] {
             registry.register(c)?;
         }
         // Series that exist from the start (at 0), for dashboards and alerts.
-        for outcome in ["forwarded", "sold_out", "too_large", "upstream_error"] {
+        for outcome in [
+            "forwarded",
+            "sold_out",
+            "too_large",
+            "upstream_error",
+            "rate_limited",
+        ] {
             requests.with_label_values(&["reserve", outcome]);
+        }
+        for outcome in ["stored", "dropped", "not_sold_out", "failed"] {
+            order_fetches.with_label_values(&[outcome]);
+        }
+        for by in ["ip", "customer"] {
+            rate_limited.with_label_values(&[by]);
         }
         for kind in ["connect", "proxy", "no_upstream"] {
             upstream_errors.with_label_values(&[kind]);
@@ -84,6 +119,8 @@ impl EdgeMetrics {
             flags_set,
             availability_signals,
             flags,
+            order_fetches,
+            rate_limited,
         }))
     }
 }

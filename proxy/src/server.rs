@@ -15,6 +15,7 @@ use pingora::services::background::{background_service, BackgroundService};
 use crate::config::EdgeSettings;
 use crate::edge::Edge;
 use crate::metrics::EdgeMetrics;
+use crate::rate_limit::RateLimits;
 use crate::signals::AvailabilitySignals;
 use crate::sold_out::SoldOutCache;
 
@@ -76,8 +77,13 @@ pub fn build(settings: EdgeSettings) -> anyhow::Result<Server> {
     let health = background_service("core health checks", upstreams);
 
     let metrics = EdgeMetrics::new(prometheus::default_registry())?;
-    let sold_out = SoldOutCache::new(settings.sold_out_ttl, settings.cache_capacity);
+    let sold_out = SoldOutCache::new(
+        settings.sold_out_ttl,
+        settings.order_fetch_interval,
+        settings.cache_capacity,
+    );
     let edge = Edge {
+        rate_limits: RateLimits::new(&settings.rate_limit),
         upstreams: health.task(),
         sold_out: sold_out.clone(),
         metrics: metrics.clone(),

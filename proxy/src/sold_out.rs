@@ -3,28 +3,35 @@
 //! A flag is set when a core answers OUT_OF_STOCK. While it holds, new reservations for
 //! the code are answered here. A retry of an order that already has a reservation must
 //! still reach a core (it gets its original 201), with any number of edges and cores: so
-//! a flag carries the list of orderIds the voucher has reservations for, fetched from a
-//! core when the flag is set. Until that list has arrived, nothing is answered here.
+//! a flag carries a filter of the orderIds the voucher has reservations for (no false
+//! negatives), fetched from a core when the flag is set. Until it has arrived, nothing is
+//! answered here; a filter read while the gate still had uses left is no flag at all.
 //!
 //! New reservations can appear only after a use is given back. Cores announce that on a
-//! Redis channel, and the flag is dropped at once; without the announcement (no Redis, a
-//! lost message) the flag ends with its TTL.
+//! Redis channel, and the flag is dropped at once (a filter still being fetched is then
+//! never stored); without the announcement (no Redis, a lost message) the flag ends with
+//! its TTL.
+//!
+//! Keys are voucher codes as the core reads them (percent-decoded and valid), so one
+//! voucher has one flag. One fetch per voucher at a time, and at most one per
+//! `fetch_interval`, whatever clients send.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use moka::ops::compute::Op;
 use moka::sync::Cache;
+use voucher_contract::order_filter::OrderFilter;
 
 /// What the edge knows about a sold-out voucher.
 #[derive(Debug, Clone)]
 pub enum Flag {
-    /// Sold out, order list being fetched: forward everything meanwhile.
+    /// Sold out, order filter being fetched: forward everything meanwhile.
     Pending { id: u64 },
-    /// Sold out; these orderIds have reservations and their retries are forwarded.
-    Ready { orders: Arc<HashSet<String>> },
+    /// Sold out; orderIds the filter may contain have reservations (or are one of its
+    /// false positives) and are forwarded.
+    Ready { orders: Arc<OrderFilter> },
 }
 
 /// The edge's decision for one reservation request.
@@ -37,14 +44,20 @@ pub enum Verdict {
 #[derive(Clone)]
 pub struct SoldOutCache {
     flags: Cache<String, Flag>,
+    /// Vouchers whose filter was fetched less than `fetch_interval` ago: no new flag yet.
+    fetched: Cache<String, ()>,
     next_id: Arc<AtomicU64>,
 }
 
 impl SoldOutCache {
-    pub fn new(ttl: Duration, capacity: u64) -> Self {
+    pub fn new(ttl: Duration, fetch_interval: Duration, capacity: u64) -> Self {
         Self {
             flags: Cache::builder()
                 .time_to_live(ttl)
+                .max_capacity(capacity)
+                .build(),
+            fetched: Cache::builder()
+                .time_to_live(fetch_interval.max(Duration::from_millis(1)))
                 .max_capacity(capacity)
                 .build(),
             next_id: Arc::new(AtomicU64::new(1)),
@@ -54,16 +67,20 @@ impl SoldOutCache {
     /// What to do with a reservation of `order_id` (when it could be read) for `code`.
     pub fn verdict(&self, code: &str, order_id: Option<&str>) -> Verdict {
         match (self.flags.get(code), order_id) {
-            (Some(Flag::Ready { orders }), Some(order)) if !orders.contains(order) => {
+            (Some(Flag::Ready { orders }), Some(order)) if !orders.may_contain(order) => {
                 Verdict::SoldOut
             }
             _ => Verdict::Forward,
         }
     }
 
-    /// Flags `code` as pending unless it is flagged already; returns the id the order list
-    /// must be stored under, `None` when a flag exists.
+    /// Flags `code` as pending unless it is flagged already or its filter was fetched
+    /// less than `fetch_interval` ago; returns the id the filter must be stored under, or
+    /// `None` (no fetch).
     pub fn begin(&self, code: &str) -> Option<u64> {
+        if self.fetched.contains_key(code) {
+            return None;
+        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let result =
             self.flags
@@ -72,12 +89,16 @@ impl SoldOutCache {
                     Some(_) => Op::Nop,
                     None => Op::Put(Flag::Pending { id }),
                 });
-        matches!(result, moka::ops::compute::CompResult::Inserted(_)).then_some(id)
+        let inserted = matches!(result, moka::ops::compute::CompResult::Inserted(_));
+        if inserted {
+            self.fetched.insert(code.to_owned(), ());
+        }
+        inserted.then_some(id)
     }
 
-    /// Stores the order list fetched for flag `id`, unless the flag was dropped or replaced
-    /// meanwhile (a use was given back while the list was being fetched).
-    pub fn complete(&self, code: &str, id: u64, orders: HashSet<String>) -> bool {
+    /// Stores the filter fetched for flag `id`, unless the flag was dropped or replaced
+    /// meanwhile (a use was given back while it was being fetched).
+    pub fn complete(&self, code: &str, id: u64, orders: OrderFilter) -> bool {
         let orders = Arc::new(orders);
         let result = self.flags.entry(code.to_owned()).and_compute_with(|existing| match existing {
             Some(entry) if matches!(entry.value(), Flag::Pending { id: current } if *current == id) => {
@@ -116,7 +137,18 @@ mod tests {
     use super::*;
 
     fn cache() -> SoldOutCache {
-        SoldOutCache::new(Duration::from_secs(60), 100)
+        SoldOutCache::new(Duration::from_secs(60), Duration::from_millis(1), 100)
+    }
+
+    fn filter(orders: &[&str]) -> OrderFilter {
+        let mut f = OrderFilter::with_capacity(orders.len(), 0);
+        orders.iter().for_each(|o| f.insert(o));
+        f
+    }
+
+    /// Lets the `fetched` entries of the 1 ms interval expire.
+    fn after_interval() {
+        std::thread::sleep(Duration::from_millis(5));
     }
 
     #[test]
@@ -130,7 +162,7 @@ mod tests {
             Verdict::Forward,
             "pending: forward"
         );
-        assert!(c.complete("V", id, HashSet::from(["o1".to_owned()])));
+        assert!(c.complete("V", id, filter(&["o1"])));
         assert_eq!(
             c.verdict("V", Some("o1")),
             Verdict::Forward,
@@ -150,12 +182,13 @@ mod tests {
         let c = cache();
         let id = c.begin("V").expect("flag");
         c.clear("V"); // a use was given back meanwhile
-        assert!(!c.complete("V", id, HashSet::new()));
+        assert!(!c.complete("V", id, filter(&[])));
         assert_eq!(c.verdict("V", Some("o9")), Verdict::Forward);
+        after_interval();
         let newer = c.begin("V").expect("new flag");
         c.abandon("V", id);
         assert!(
-            c.complete("V", newer, HashSet::new()),
+            c.complete("V", newer, filter(&[])),
             "an old failure does not drop a newer flag"
         );
         assert_eq!(c.verdict("V", Some("o9")), Verdict::SoldOut);
@@ -163,11 +196,26 @@ mod tests {
 
     #[test]
     fn flags_expire_with_their_ttl() {
-        let c = SoldOutCache::new(Duration::from_millis(30), 100);
+        let c = SoldOutCache::new(Duration::from_millis(30), Duration::from_millis(1), 100);
         let id = c.begin("V").expect("flag");
-        c.complete("V", id, HashSet::new());
+        c.complete("V", id, filter(&[]));
         assert_eq!(c.verdict("V", Some("o9")), Verdict::SoldOut);
         std::thread::sleep(Duration::from_millis(60));
         assert_eq!(c.verdict("V", Some("o9")), Verdict::Forward);
+    }
+
+    #[test]
+    fn one_fetch_per_voucher_per_interval_whatever_clients_do() {
+        let c = SoldOutCache::new(Duration::from_secs(60), Duration::from_secs(60), 100);
+        let id = c.begin("V").expect("first flag");
+        c.abandon("V", id); // the fetch failed
+        for _ in 0..1_000 {
+            assert!(
+                c.begin("V").is_none(),
+                "no second fetch within the interval"
+            );
+            c.clear("V"); // give-backs announced as fast as a client can cause them
+        }
+        assert!(c.begin("W").is_some(), "another voucher has its own");
     }
 }

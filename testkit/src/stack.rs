@@ -118,6 +118,8 @@ pub struct EdgeProcess {
     process: Process,
     binary: std::path::PathBuf,
     config: std::path::PathBuf,
+    /// `EDGE__*` variables on top of the file (rate limits, for one).
+    env: Vec<(String, String)>,
     port: u16,
     pub api: ApiClient,
     pub metrics_base: String,
@@ -144,6 +146,18 @@ impl EdgeProcess {
         key_prefix: &str,
         sold_out_ttl: Duration,
     ) -> Self {
+        Self::start_with_env(binary, upstreams, redis_url, key_prefix, sold_out_ttl, &[]).await
+    }
+
+    /// [`EdgeProcess::start_on`] with `env` (`EDGE__*` variables) on top of its file.
+    pub async fn start_with_env(
+        binary: &Path,
+        upstreams: &[&str],
+        redis_url: &str,
+        key_prefix: &str,
+        sold_out_ttl: Duration,
+        env: &[(&str, &str)],
+    ) -> Self {
         let (port, metrics_port) = (free_port(), free_port());
         let dir = TempDir::new("edge");
         let config = json!({
@@ -167,6 +181,10 @@ impl EdgeProcess {
             process: Process::default(),
             binary: binary.to_owned(),
             config: path,
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
             port,
             api: ApiClient::new(format!("http://127.0.0.1:{port}")),
             metrics_base: format!("http://127.0.0.1:{metrics_port}"),
@@ -182,6 +200,7 @@ impl EdgeProcess {
         let child = Command::new(&self.binary)
             .env("EDGE_CONFIG", &self.config)
             .env("RUST_LOG", "warn")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -468,9 +487,16 @@ impl RedisServer {
 pub struct FlashStackBuilder {
     cores: usize,
     edge: Option<(std::path::PathBuf, Duration)>,
+    edge_env: Vec<(&'static str, &'static str)>,
 }
 
 impl FlashStackBuilder {
+    /// An `EDGE__*` variable for the edge (its rate limits, say).
+    pub fn edge_env(mut self, key: &'static str, value: &'static str) -> Self {
+        self.edge_env.push((key, value));
+        self
+    }
+
     /// How many cores (default one).
     pub fn cores(mut self, n: usize) -> Self {
         self.cores = n.max(1);
@@ -502,7 +528,17 @@ impl FlashStackBuilder {
         let edge = match self.edge {
             Some((binary, ttl)) => {
                 let addrs: Vec<&str> = cores.iter().map(|c| c.address()).collect();
-                Some(EdgeProcess::start(&binary, &addrs, &redis.key_prefix, ttl).await)
+                Some(
+                    EdgeProcess::start_with_env(
+                        &binary,
+                        &addrs,
+                        REDIS_URL,
+                        &redis.key_prefix,
+                        ttl,
+                        &self.edge_env,
+                    )
+                    .await,
+                )
             }
             None => None,
         };
@@ -544,6 +580,7 @@ impl FlashStack {
         FlashStackBuilder {
             cores: 1,
             edge: None,
+            edge_env: Vec::new(),
         }
     }
 

@@ -2,50 +2,32 @@
 //!
 //! All three are short ASCII strings with a restricted alphabet, so they are safe to use
 //! as Redis key parts, metric-free log fields and PostgreSQL `VARCHAR`s of known width.
+//! Their rules live in `voucher_contract::request`, where the edge reads them too.
 
 use std::fmt;
 
+use voucher_contract::request::{self, IdRule};
+
 use super::FieldError;
 
-/// Checks length and alphabet shared by the identifiers below.
-fn check_token(
-    field: &'static str,
-    raw: &str,
-    max_len: usize,
-    extra: &[char],
-) -> Result<(), FieldError> {
-    if raw.is_empty() {
-        return Err(FieldError::new(field, "must not be empty"));
-    }
-    if raw.len() > max_len {
-        return Err(FieldError::new(
-            field,
-            format!("must be at most {max_len} characters"),
-        ));
-    }
-    let allowed = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || extra.contains(&c);
-    if !raw.chars().all(allowed) {
-        let also: String = extra.iter().map(|c| format!(" '{c}'")).collect();
-        return Err(FieldError::new(
-            field,
-            format!("may contain only ASCII letters, digits, '-', '_'{also}"),
-        ));
-    }
-    Ok(())
+/// Checks `raw` against `rule`, the one the edge reads requests with too.
+fn check_token(rule: &IdRule, raw: &str) -> Result<(), FieldError> {
+    rule.check(raw)
+        .map_err(|reason| FieldError::new(rule.field, reason))
 }
 
 macro_rules! string_id {
-    ($(#[$doc:meta])* $name:ident, field = $field:literal, max = $max:expr, extra = $extra:expr) => {
+    ($(#[$doc:meta])* $name:ident, rule = $rule:expr) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub struct $name(String);
 
         impl $name {
-            pub const MAX_LEN: usize = $max;
+            pub const MAX_LEN: usize = $rule.max_len;
 
             pub fn parse(raw: impl Into<String>) -> Result<Self, FieldError> {
                 let raw = raw.into();
-                check_token($field, &raw, Self::MAX_LEN, $extra)?;
+                check_token(&$rule, &raw)?;
                 Ok(Self(raw))
             }
 
@@ -70,15 +52,15 @@ macro_rules! string_id {
 
 string_id!(
     /// A voucher code such as `FLASH100`: 1 to 32 characters, case-sensitive.
-    VoucherCode, field = "code", max = 32, extra = &[]
+    VoucherCode, rule = request::VOUCHER_CODE
 );
 string_id!(
     /// The caller's order id, the idempotency key of a reservation: 1 to 64 characters.
-    OrderId, field = "orderId", max = 64, extra = &['.', ':']
+    OrderId, rule = request::ORDER_ID
 );
 string_id!(
     /// The caller's customer id: 1 to 64 characters.
-    CustomerId, field = "customerId", max = 64, extra = &['.', ':']
+    CustomerId, rule = request::CUSTOMER_ID
 );
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ pub struct Money(i64);
 
 impl Money {
     /// Upper bound on any amount we accept: far above any real order, far below overflow.
-    pub const MAX: i64 = 1_000_000_000_000_000;
+    pub const MAX: i64 = voucher_contract::request::MAX_MONEY;
 
     /// An amount that must be greater than zero (a discount, an order total).
     pub fn positive(field: &'static str, raw: i64) -> Result<Self, FieldError> {

@@ -28,10 +28,12 @@ impl FlashPath {
     }
 
     /// PostgreSQL refused an order the gate let through: its pending record goes and its use
-    /// goes back to where the gate had it. The edges are not told: nothing was freed. A
-    /// gate that let it through counts too many remaining (it went back in time), and
-    /// reconciliation repairs that count from PostgreSQL; meanwhile PostgreSQL keeps
-    /// refusing what it cannot hold.
+    /// goes back to where the gate had it. When PostgreSQL refused for the customer or the
+    /// orderId, that use is free for someone else, so it is announced like every other
+    /// give-back (an edge's flag must not hide it). When it refused for stock, the gate
+    /// counts too many remaining (it went back in time): reconciliation repairs that count
+    /// from PostgreSQL, PostgreSQL keeps refusing what it cannot hold, and the announcement
+    /// only costs the edges a flag.
     pub(crate) async fn forget_refused(
         &self,
         code: &VoucherCode,
@@ -41,7 +43,7 @@ impl FlashPath {
             states: vec![super::gate::RecordState::Pending],
             published_by_ms: i64::MAX,
         };
-        self.inner.gate.release(code, order_id, how).await?;
+        self.give_back(code, order_id, how).await?;
         Ok(())
     }
 

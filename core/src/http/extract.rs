@@ -30,8 +30,7 @@ where
             .headers()
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split(';').next())
-            .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"));
+            .is_some_and(voucher_contract::request::is_json);
         if !is_json {
             return Err(Error::UnsupportedMediaType);
         }

@@ -79,7 +79,8 @@ impl Modify for AdminAuth {
             "admin",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
-        // `admin.orders_token`: reads order lists (GET /vouchers/{code}/orders) only.
+        // `admin.orders_token`: reads order lists (GET /vouchers/{code}/orders and its
+        // filter) only.
         components.add_security_scheme(
             "orders",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
@@ -98,6 +99,7 @@ pub fn api_router(
         .routes(routes!(vouchers::get_voucher))
         .routes(routes!(vouchers::reload_gate))
         .routes(routes!(vouchers::order_ids))
+        .routes(routes!(vouchers::order_filter))
         .routes(routes!(reservations::reserve))
         .routes(routes!(reservations::confirm))
         .routes(routes!(reservations::release))

@@ -5,62 +5,58 @@ use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use utoipa::ToSchema;
+use voucher_contract::request::ReserveBody;
 
 use super::extract::{ApiJson, ApiPath};
 use super::{AppState, ErrorBody};
-use crate::domain::{CustomerId, Money, OrderId, Reservation, ReservationRequest, VoucherCode};
+use crate::domain::{
+    CustomerId, FieldError, Money, OrderId, Reservation, ReservationRequest, VoucherCode,
+};
 use crate::store::ReserveOutcome;
 use crate::Result;
 
 /// Set on a 201 that answers a retry: the body is the first answer, nothing was consumed.
 pub const REPLAYED_HEADER: HeaderName = HeaderName::from_static("idempotent-replayed");
 
-/// A request to hold one use of the voucher for an order.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+/// A request to hold one use of the voucher for an order: the document's picture of
+/// `voucher_contract::request::ReserveBody`, which is what the handler reads (the edge
+/// reads it too). The API tests send every field of this schema.
+#[derive(ToSchema)]
+#[schema(rename_all = "camelCase")]
+#[allow(dead_code)]
 pub struct Reserve {
     /// A string, or a whole number (as clients that keep customer ids as `long` send it):
     /// `42` and `"42"` are the same customer.
-    #[schema(value_type = String, example = "customer-42")]
-    customer_id: CustomerRef,
+    #[schema(value_type = String, example = "customer-42", min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9_.:-]{1,64}$")]
+    customer_id: String,
     /// Made by the caller; the idempotency key: a retry with the same orderId and body
     /// gets the same answer and consumes nothing.
-    #[schema(example = "order-2026-0001")]
+    #[schema(
+        example = "order-2026-0001",
+        min_length = 1,
+        max_length = 64,
+        pattern = r"^[A-Za-z0-9_.:-]{1,64}$"
+    )]
     order_id: String,
     /// Order total in minor units, > 0.
-    #[schema(example = 250000)]
+    #[schema(example = 250000, minimum = 1, maximum = 1_000_000_000_000_000_i64)]
     order_amount: i64,
 }
 
-/// A customer id as clients send it: text, or a non-negative whole number.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum CustomerRef {
-    Text(String),
-    Number(u64),
-}
-
-impl CustomerRef {
-    /// The one stored form: a number becomes its decimal digits.
-    fn into_text(self) -> String {
-        match self {
-            CustomerRef::Text(text) => text,
-            CustomerRef::Number(n) => n.to_string(),
-        }
-    }
-}
-
-impl Reserve {
-    fn parse(self, code: String) -> Result<ReservationRequest> {
-        Ok(ReservationRequest {
-            voucher_code: VoucherCode::parse(code)?,
-            customer_id: CustomerId::parse(self.customer_id.into_text())?,
-            order_id: OrderId::parse(self.order_id)?,
-            order_amount: Money::positive("orderAmount", self.order_amount)?,
-        })
-    }
+/// The checked request: the contract's field checks, then the domain's types.
+fn parse_reserve(body: ReserveBody, code: String) -> Result<ReservationRequest> {
+    let voucher_code = VoucherCode::parse(code)?;
+    let body = body
+        .check()
+        .map_err(|r| FieldError::new(r.field, r.reason))?;
+    Ok(ReservationRequest {
+        voucher_code,
+        customer_id: CustomerId::parse(body.customer_id)?,
+        order_id: OrderId::parse(body.order_id)?,
+        order_amount: Money::positive("orderAmount", body.order_amount)?,
+    })
 }
 
 /// A reservation as the API shows it.
@@ -99,7 +95,7 @@ impl From<&Reservation> for ReservationView {
 /// Reserve one use of a voucher for an order.
 #[utoipa::path(
     post, path = "/vouchers/{code}/reservations", tag = "reservations",
-    params(("code" = String, Path, description = "Voucher code")),
+    params(("code" = String, Path, description = "Voucher code: 1 to 32 of A-Z a-z 0-9 - _", min_length = 1, max_length = 32, pattern = r"^[A-Za-z0-9_-]{1,32}$")),
     request_body = Reserve,
     responses(
         (status = 201, description = "Reserved; also the answer to a retry of the same request \
@@ -119,9 +115,9 @@ impl From<&Reservation> for ReservationView {
 pub async fn reserve(
     State(state): State<AppState>,
     ApiPath(code): ApiPath<String>,
-    ApiJson(body): ApiJson<Reserve>,
+    ApiJson(body): ApiJson<ReserveBody>,
 ) -> Result<Response> {
-    let request = body.parse(code)?;
+    let request = parse_reserve(body, code)?;
     let outcome = state.service.reserve(&request).await?;
     let view = Json(ReservationView::from(outcome.reservation()));
     let mut response = (StatusCode::CREATED, view).into_response();
@@ -137,8 +133,8 @@ pub async fn reserve(
 #[utoipa::path(
     post, path = "/vouchers/{code}/reservations/{orderId}/confirm", tag = "reservations",
     params(
-        ("code" = String, Path, description = "Voucher code"),
-        ("orderId" = String, Path, description = "The order's id"),
+        ("code" = String, Path, description = "Voucher code: 1 to 32 of A-Z a-z 0-9 - _", min_length = 1, max_length = 32, pattern = r"^[A-Za-z0-9_-]{1,32}$"),
+        ("orderId" = String, Path, description = "The order's id: 1 to 64 of A-Z a-z 0-9 - _ . :", min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9_.:-]{1,64}$"),
     ),
     responses(
         (status = 200, description = "CONFIRMED (also when it already was)", body = ReservationView),
@@ -162,8 +158,8 @@ pub async fn confirm(
 #[utoipa::path(
     delete, path = "/vouchers/{code}/reservations/{orderId}", tag = "reservations",
     params(
-        ("code" = String, Path, description = "Voucher code"),
-        ("orderId" = String, Path, description = "The order's id"),
+        ("code" = String, Path, description = "Voucher code: 1 to 32 of A-Z a-z 0-9 - _", min_length = 1, max_length = 32, pattern = r"^[A-Za-z0-9_-]{1,32}$"),
+        ("orderId" = String, Path, description = "The order's id: 1 to 64 of A-Z a-z 0-9 - _ . :", min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9_.:-]{1,64}$"),
     ),
     responses(
         (status = 200, description = "RELEASED (also when it already was)", body = ReservationView),

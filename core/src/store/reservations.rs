@@ -1,5 +1,6 @@
 use chrono::{DateTime, Utc};
 use sqlx::{FromRow, PgConnection};
+use voucher_contract::order_filter::OrderFilter;
 
 use super::Store;
 use crate::domain::{
@@ -217,6 +218,27 @@ impl Store {
                 .fetch_all(self.pool())
                 .await?,
         )
+    }
+
+    /// The order ids of every reservation of a standard voucher as a filter, with the uses
+    /// it had left, in one statement (one snapshot). `VoucherNotFound` when there is none.
+    pub async fn voucher_order_filter(&self, code: &VoucherCode) -> Result<OrderFilter> {
+        let row: Option<(i64, Vec<String>)> = sqlx::query_as(
+            "SELECT greatest(v.total_limit - v.used_count, 0)::bigint,
+                    coalesce(array_agg(r.order_id) FILTER (WHERE r.order_id IS NOT NULL), '{}')
+             FROM vouchers v LEFT JOIN redemptions r ON r.voucher_code = v.code
+             WHERE v.code = $1
+             GROUP BY v.code",
+        )
+        .bind(code.as_str())
+        .fetch_optional(self.pool())
+        .await?;
+        let (remaining, ids) = row.ok_or(Error::VoucherNotFound)?;
+        let mut filter = OrderFilter::with_capacity(ids.len(), remaining as u64);
+        for id in &ids {
+            filter.insert(id);
+        }
+        Ok(filter)
     }
 
     async fn reservation_on_voucher(

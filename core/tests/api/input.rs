@@ -6,6 +6,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::helpers::{voucher_body, TestEnv};
+use voucher_testkit::invariants::Accepted;
 
 async fn send_raw(
     env: &TestEnv,
@@ -356,4 +357,134 @@ async fn voucher_dates_outside_1970_to_9999_are_400() {
         assert_eq!(answer["field"], field, "{answer}");
     }
     env.finish(&[]).await;
+}
+
+/// Bodies no API fuzzer generates: nesting past any sane depth, numbers past i64 and u64,
+/// duplicate keys, invalid UTF-8, escapes, a byte-order mark. Each gets a 4xx with a code,
+/// or is taken; and the edge's reading of a body (`ReserveBody::read_checked`, which
+/// decides whether the edge may answer for a core) takes exactly the bodies the core takes.
+#[tokio::test]
+async fn hostile_bodies_get_a_4xx_and_the_edge_reads_bodies_as_the_core_does() {
+    use voucher_contract::request::ReserveBody;
+
+    let env = TestEnv::start().await;
+    env.app
+        .given_voucher(voucher_body("AGREE", 1000, 1000))
+        .await;
+    let deep = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+    let body = |customer: &str, order: &str, amount: &str| {
+        format!(r#"{{"customerId":{customer},"orderId":{order},"orderAmount":{amount}}}"#)
+    };
+    let mut cases: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "plain",
+            body(r#""c1""#, r#""o-plain""#, "100000").into_bytes(),
+        ),
+        (
+            "numeric customer",
+            body("42", r#""o-num""#, "100000").into_bytes(),
+        ),
+        (
+            "customer past u64",
+            body("18446744073709551616", r#""o-u64""#, "1").into_bytes(),
+        ),
+        (
+            "negative customer",
+            body("-1", r#""o-neg""#, "1").into_bytes(),
+        ),
+        (
+            "float customer",
+            body("4.2", r#""o-float""#, "1").into_bytes(),
+        ),
+        (
+            "amount past i64",
+            body(r#""c1""#, r#""o-big""#, "9223372036854775808").into_bytes(),
+        ),
+        (
+            "amount past money",
+            body(r#""c1""#, r#""o-money""#, "1000000000000000001").into_bytes(),
+        ),
+        (
+            "amount 1e3",
+            body(r#""c1""#, r#""o-exp""#, "1e3").into_bytes(),
+        ),
+        ("amount -0", body(r#""c1""#, r#""o-m0""#, "-0").into_bytes()),
+        (
+            "escaped order id",
+            body(r#""c1""#, r#""o-\u0041""#, "1").into_bytes(),
+        ),
+        (
+            "escaped NUL",
+            body(r#""c1""#, r#""o-\u0000""#, "1").into_bytes(),
+        ),
+        (
+            "lone surrogate",
+            body(r#""c1""#, r#""o-\ud800""#, "1").into_bytes(),
+        ),
+        (
+            "nested customer",
+            body(&deep(100), r#""o-deep1""#, "1").into_bytes(),
+        ),
+        (
+            "nested past serde's limit",
+            body(&deep(2_000), r#""o-deep2""#, "1").into_bytes(),
+        ),
+        (
+            "deep unknown field",
+            format!(r#"{{"x":{}}}"#, deep(2_000)).into_bytes(),
+        ),
+        (
+            "duplicate key",
+            br#"{"customerId":"c1","orderId":"o-dup","orderId":"o-dup2","orderAmount":1}"#.to_vec(),
+        ),
+        (
+            "byte-order mark",
+            [
+                b"\xef\xbb\xbf".as_slice(),
+                body(r#""c1""#, r#""o-bom""#, "1").as_bytes(),
+            ]
+            .concat(),
+        ),
+        ("null", b"null".to_vec()),
+        (
+            "whitespace around",
+            format!("\n\t {} \n", body(r#""c1""#, r#""o-ws""#, "1")).into_bytes(),
+        ),
+    ];
+    let mut invalid_utf8 = body(r#""c1""#, r#""o-XX""#, "1").into_bytes();
+    let at = invalid_utf8.len() - 20;
+    invalid_utf8[at] = 0xff;
+    cases.push(("invalid UTF-8 in a string", invalid_utf8));
+    let mut overlong = body(r#""c1""#, r#""o-YY""#, "1").into_bytes();
+    let at = overlong.len() - 20;
+    overlong[at..at + 2].copy_from_slice(&[0xc0, 0xaf]);
+    cases.push(("overlong UTF-8", overlong));
+
+    let path = "/vouchers/AGREE/reservations";
+    let mut accepted = Vec::new();
+    for (name, bytes) in cases {
+        let (status, answer) = send_raw(&env, path, Some("application/json"), bytes.clone()).await;
+        assert!(
+            status == StatusCode::CREATED || status.is_client_error(),
+            "{name}: {status} {answer}"
+        );
+        if status.is_client_error() {
+            assert!(answer["error"].is_string(), "{name}: {answer}");
+        } else {
+            let field = |f: &str| answer[f].as_str().unwrap_or_default().to_owned();
+            accepted.push(Accepted::new(
+                "AGREE",
+                &field("customerId"),
+                &field("orderId"),
+            ));
+        }
+        let edge_takes = ReserveBody::read_checked(&bytes).is_some();
+        assert_eq!(
+            edge_takes,
+            status != StatusCode::BAD_REQUEST,
+            "{name}: the core answered {status} {answer}, the edge would {}take it",
+            if edge_takes { "" } else { "not " }
+        );
+    }
+    env.finish(&accepted).await;
 }

@@ -9,6 +9,7 @@ mod record;
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
 use secrecy::ExposeSecret;
+use voucher_contract::order_filter::OrderFilter;
 
 pub use record::{OrderRecord, RecordState};
 
@@ -783,6 +784,44 @@ impl Gate {
         ids.sort_unstable();
         ids.dedup();
         Ok(Some(ids))
+    }
+
+    /// The order ids the gate has a record of, as a filter, with the uses it had left
+    /// before the first of them was read: an order that took a use after that read needed
+    /// a use given back after it, and every give-back is announced, which drops the edge's
+    /// flag. Read in pieces (HSCAN) like [`Gate::order_ids`]. `None` when not loaded.
+    pub async fn order_filter(&self, code: &VoucherCode) -> Result<Option<OrderFilter>> {
+        let Some(remaining) = self.remaining(code).await? else {
+            return Ok(None);
+        };
+        let k = self.keys(code);
+        let expected: usize = redis::cmd("HLEN")
+            .arg(&k.orders)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_down)?;
+        // A few more than now: orders taken during the scan still fit the sizing.
+        let mut filter =
+            OrderFilter::with_capacity(expected + expected / 10, remaining.max(0) as u64);
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, page): (u64, Vec<String>) = redis::cmd("HSCAN")
+                .arg(&k.orders)
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(CHUNK)
+                .query_async(&mut self.conn.clone())
+                .await
+                .map_err(redis_down)?;
+            for order_id in page.iter().step_by(2) {
+                filter.insert(order_id);
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        Ok(Some(filter))
     }
 
     /// Drops every key of a voucher's gate (operator reload; tests simulating data loss).

@@ -1,0 +1,228 @@
+//! How a request is read, where the edge and the core must read it the same way: the
+//! identifiers of a path or a body, a path segment's percent-decoding, a JSON body's
+//! Content-Type, and the body of a reservation.
+//!
+//! The edge answers for the core only when a core would give the same answer, so it reads
+//! a reservation with these very functions before it looks at a sold-out flag: a spelling
+//! the core would decode to a voucher meets that voucher's flag, and a body the core would
+//! refuse with 400 is never answered 409 here.
+
+use serde::Deserialize;
+
+/// The rule of one kind of identifier: a short ASCII string of letters, digits, `-`, `_`
+/// and the `extra` characters (safe as a Redis key part, a log field and a `VARCHAR`).
+#[derive(Debug, Clone, Copy)]
+pub struct IdRule {
+    /// The field's JSON name, as the client sent it.
+    pub field: &'static str,
+    pub max_len: usize,
+    pub extra: &'static [char],
+}
+
+impl IdRule {
+    /// `Err(reason)` when `raw` breaks the rule.
+    pub fn check(&self, raw: &str) -> Result<(), String> {
+        if raw.is_empty() {
+            return Err("must not be empty".into());
+        }
+        if raw.len() > self.max_len {
+            return Err(format!("must be at most {} characters", self.max_len));
+        }
+        let allowed =
+            |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || self.extra.contains(&c);
+        if !raw.chars().all(allowed) {
+            let also: String = self.extra.iter().map(|c| format!(" '{c}'")).collect();
+            return Err(format!(
+                "may contain only ASCII letters, digits, '-', '_'{also}"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A voucher code such as `FLASH100`: 1 to 32 characters, case-sensitive.
+pub const VOUCHER_CODE: IdRule = IdRule {
+    field: "code",
+    max_len: 32,
+    extra: &[],
+};
+/// The caller's order id, the idempotency key of a reservation: 1 to 64 characters.
+pub const ORDER_ID: IdRule = IdRule {
+    field: "orderId",
+    max_len: 64,
+    extra: &['.', ':'],
+};
+/// The caller's customer id: 1 to 64 characters.
+pub const CUSTOMER_ID: IdRule = IdRule {
+    field: "customerId",
+    max_len: 64,
+    extra: &['.', ':'],
+};
+
+/// Upper bound on any amount of money the API takes (minor units): far above any real
+/// order, far below overflow.
+pub const MAX_MONEY: i64 = 1_000_000_000_000_000;
+
+/// A path segment as the core's router hands it to a handler: percent-decoded, and `None`
+/// when the decoded bytes are not UTF-8 (the core refuses those with 400).
+pub fn decode_segment(raw: &str) -> Option<String> {
+    percent_encoding::percent_decode_str(raw)
+        .decode_utf8()
+        .ok()
+        .map(|s| s.into_owned())
+}
+
+/// Whether a Content-Type header names JSON (`application/json`, any parameters), the only
+/// body type the API takes.
+pub fn is_json(content_type: &str) -> bool {
+    content_type
+        .split(';')
+        .next()
+        .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// The body of `POST /vouchers/{code}/reservations`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReserveBody {
+    pub customer_id: CustomerRef,
+    pub order_id: String,
+    pub order_amount: i64,
+}
+
+/// A customer id as clients send it: text, or a non-negative whole number (clients that
+/// keep customer ids as a `long` send them so).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum CustomerRef {
+    Text(String),
+    Number(u64),
+}
+
+impl CustomerRef {
+    /// The one stored form: a number becomes its decimal digits, so `42` and `"42"` are
+    /// the same customer.
+    pub fn into_text(self) -> String {
+        match self {
+            CustomerRef::Text(text) => text,
+            CustomerRef::Number(n) => n.to_string(),
+        }
+    }
+}
+
+/// A reservation body that passed every check a core makes before it looks at the voucher.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckedReserve {
+    pub customer_id: String,
+    pub order_id: String,
+    pub order_amount: i64,
+}
+
+/// Why a body's field was refused: the field's JSON name and the reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldRefusal {
+    pub field: &'static str,
+    pub reason: String,
+}
+
+impl ReserveBody {
+    /// The field checks, in the order a core makes them after the JSON is read.
+    pub fn check(self) -> Result<CheckedReserve, FieldRefusal> {
+        let refuse = |rule: &IdRule, reason: String| FieldRefusal {
+            field: rule.field,
+            reason,
+        };
+        let customer_id = self.customer_id.into_text();
+        CUSTOMER_ID
+            .check(&customer_id)
+            .map_err(|r| refuse(&CUSTOMER_ID, r))?;
+        ORDER_ID
+            .check(&self.order_id)
+            .map_err(|r| refuse(&ORDER_ID, r))?;
+        let amount = |reason: &str| FieldRefusal {
+            field: "orderAmount",
+            reason: reason.into(),
+        };
+        if self.order_amount <= 0 {
+            return Err(amount("must be greater than 0"));
+        }
+        if self.order_amount > MAX_MONEY {
+            return Err(amount(&format!("must be at most {MAX_MONEY}")));
+        }
+        Ok(CheckedReserve {
+            customer_id,
+            order_id: self.order_id,
+            order_amount: self.order_amount,
+        })
+    }
+
+    /// Reads a whole body as a core does: a JSON object (serde would also build a struct
+    /// from an array of its fields; the API takes objects only), nothing after it, every
+    /// field checked. `None` for anything a core answers 400.
+    pub fn read_checked(bytes: &[u8]) -> Option<CheckedReserve> {
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return None;
+        }
+        serde_json::from_slice::<ReserveBody>(bytes)
+            .ok()?
+            .check()
+            .ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_follow_their_rules() {
+        assert!(VOUCHER_CODE.check("FLASH100").is_ok());
+        assert!(VOUCHER_CODE.check("").is_err());
+        assert!(VOUCHER_CODE.check(&"A".repeat(33)).is_err());
+        assert!(VOUCHER_CODE.check("a:b").is_err());
+        assert!(ORDER_ID.check("order-2026:11.29_1").is_ok());
+        assert!(ORDER_ID.check("naïve").is_err());
+        assert!(CUSTOMER_ID.check("{tag}").is_err());
+    }
+
+    #[test]
+    fn segments_decode_as_the_core_router_decodes_them() {
+        assert_eq!(decode_segment("%44EMO").as_deref(), Some("DEMO"));
+        assert_eq!(decode_segment("DEMO").as_deref(), Some("DEMO"));
+        assert_eq!(decode_segment("%ff").as_deref(), None, "not UTF-8");
+        assert_eq!(decode_segment("a%2Fb").as_deref(), Some("a/b"));
+    }
+
+    #[test]
+    fn a_body_is_read_only_when_a_core_would_take_it() {
+        let ok = br#"{"customerId":42,"orderId":"o-1","orderAmount":100}"#;
+        assert_eq!(
+            ReserveBody::read_checked(ok),
+            Some(CheckedReserve {
+                customer_id: "42".into(),
+                order_id: "o-1".into(),
+                order_amount: 100
+            })
+        );
+        for bad in [
+            &br#"[42,"o-1",100]"#[..],
+            br#"{"customerId":"c","orderId":"o-1","orderAmount":0}"#,
+            br#"{"customerId":"c","orderId":"o 1","orderAmount":1}"#,
+            br#"{"customerId":"c","orderId":"o-1","orderAmount":1,"x":1}"#,
+            br#"{"customerId":"c","orderId":"o-1","orderAmount":1} {}"#,
+            br#"{"customerId":-1,"orderId":"o-1","orderAmount":1}"#,
+            br#"{"customerId":"c","orderId":"o-1"}"#,
+            b"\xff",
+        ] {
+            assert_eq!(ReserveBody::read_checked(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn json_is_recognised_with_parameters_and_any_case() {
+        assert!(is_json("application/json"));
+        assert!(is_json("Application/JSON; charset=utf-8"));
+        assert!(!is_json("text/plain"));
+        assert!(!is_json("application/jsonx"));
+    }
+}
