@@ -31,26 +31,38 @@ fn server_url() -> String {
 pub struct TestDb {
     pub name: String,
     pub url: String,
+    /// The server it lives on (no database name).
+    server: String,
 }
 
 impl TestDb {
+    /// A database on the tests' shared server.
     pub async fn create() -> Self {
+        Self::create_on(&server_url()).await
+    }
+
+    /// A database on `server` (`postgres://user@host:port`, no database name).
+    pub async fn create_on(server: &str) -> Self {
         let name = format!("vt_{}", uuid::Uuid::new_v4().simple());
-        let mut admin = PgConnection::connect(&format!("{}/postgres", server_url()))
+        let mut admin = PgConnection::connect(&format!("{server}/postgres"))
             .await
-            .expect("PostgreSQL must run on 127.0.0.1:5432 (see README)");
+            .unwrap_or_else(|e| panic!("PostgreSQL must run at {server} (see README): {e}"));
         sqlx::query(&format!("CREATE DATABASE {name}"))
             .execute(&mut admin)
             .await
             .expect("create test database");
-        let url = format!("{}/{name}", server_url());
-        Self { name, url }
+        let url = format!("{server}/{name}");
+        Self {
+            name,
+            url,
+            server: server.to_owned(),
+        }
     }
 
     /// Drops the database; called at the end of passing tests (a failing one leaves its
     /// database behind to look at).
     pub async fn drop_db(&self) {
-        if let Ok(mut admin) = PgConnection::connect(&format!("{}/postgres", server_url())).await {
+        if let Ok(mut admin) = PgConnection::connect(&format!("{}/postgres", self.server)).await {
             let _ = sqlx::query(&format!(
                 "DROP DATABASE IF EXISTS {} WITH (FORCE)",
                 self.name

@@ -9,12 +9,14 @@
 //!   the gate at the end of every concurrency, load and fault test;
 //! - [`wait`], [`metrics`], [`assert`]: bounded waiting, one Prometheus text parser, and
 //!   the assertion every error answer gets;
+//! - [`postgres`]: a PostgreSQL server of the test's own, for crashes and restarts;
 //! - [`process`]: a child process a test owns, killed, frozen or thawed on purpose.
 
 pub mod assert;
 pub mod helpers;
 pub mod invariants;
 pub mod metrics;
+pub mod postgres;
 pub mod process;
 pub mod sale;
 pub mod stack;

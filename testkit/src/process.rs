@@ -36,6 +36,15 @@ impl Process {
         self.signal("CONT");
     }
 
+    /// Sends `SIG<name>` and waits for the process to exit (a shutdown it performs itself,
+    /// such as PostgreSQL's immediate stop on SIGQUIT).
+    pub fn stop_with(&mut self, name: &str) {
+        self.signal(name);
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait();
+        }
+    }
+
     /// `SIG<name>` with kill(1): the workspace forbids `unsafe`, so no libc.
     fn signal(&self, name: &str) {
         if let Some(child) = &self.child {

@@ -39,8 +39,13 @@ pub enum Fault {
     /// gate goes back in time by the fault's length, as after a restart from an older
     /// RDB or the promotion of a lagging replica.
     RedisOldSnapshot,
-    /// The database refuses connections and its sessions are terminated (a restart, for us).
+    /// The database refuses connections and its sessions are terminated (a failover's
+    /// first seconds, or an operator closing it).
     DatabaseOutage,
+    /// The PostgreSQL server crashes (an immediate stop: sessions cut, no checkpoint) and
+    /// restarts when healed, replaying its write-ahead log: every committed row must be
+    /// there after it, and nothing the cores were doing may be left half done.
+    DatabaseRestart,
     /// Every event of the round published so far is published again, and again after the
     /// sale (duplicated, and delayed past releases).
     DuplicateEvents,
@@ -50,7 +55,7 @@ pub enum Fault {
 }
 
 impl Fault {
-    pub const ALL: [Fault; 13] = [
+    pub const ALL: [Fault; 14] = [
         Fault::None,
         Fault::KillCore,
         Fault::KillBothCores,
@@ -62,6 +67,7 @@ impl Fault {
         Fault::RedisRestartEmpty,
         Fault::RedisOldSnapshot,
         Fault::DatabaseOutage,
+        Fault::DatabaseRestart,
         Fault::DuplicateEvents,
         Fault::ClockBehind,
     ];
@@ -79,6 +85,7 @@ impl Fault {
             Fault::RedisRestartEmpty => "redis-restart-empty",
             Fault::RedisOldSnapshot => "redis-old-snapshot",
             Fault::DatabaseOutage => "database-outage",
+            Fault::DatabaseRestart => "database-restart",
             Fault::DuplicateEvents => "duplicate-events",
             Fault::ClockBehind => "clock-behind",
         }
@@ -128,6 +135,7 @@ impl Fault {
             }
             Fault::RedisOldSnapshot => stack.redis.snapshot().await?,
             Fault::DatabaseOutage => database_connections(stack, false).await?,
+            Fault::DatabaseRestart => stack.postgres.crash(),
             Fault::DuplicateEvents => {
                 replay_events(stack, &round_start).await?;
             }
@@ -164,6 +172,7 @@ impl Struck {
                 stack.redis.forget_snapshot();
             }
             Fault::DatabaseOutage => database_connections(stack, true).await?,
+            Fault::DatabaseRestart => stack.postgres.restart().await?,
             Fault::DuplicateEvents | Fault::ClockBehind => {}
         }
         Ok(())

@@ -1,6 +1,6 @@
 //! The stack a campaign runs against, as `scripts/up.sh` lays it out (tansu, two cores, the
-//! edge in front, PostgreSQL and Redis), but every piece its own: a database, a tansu broker
-//! and a Redis server on free ports, so that faults can restart them without touching
+//! edge in front, PostgreSQL and Redis), but every piece its own: a PostgreSQL server, a
+//! tansu broker and a Redis server on free ports, so that faults can restart them without touching
 //! anything else on the machine, and so that tests can run a slice of the campaign in
 //! parallel with the rest.
 
@@ -13,6 +13,7 @@ use voucher_core::flash::events::progress::Progress;
 use voucher_core::flash::gate::Gate;
 use voucher_core::store::Store;
 use voucher_testkit::helpers::{ApiClient, TestDb};
+use voucher_testkit::postgres::PostgresServer;
 use voucher_testkit::stack::{flash_settings, Broker, CoreProcess, EdgeProcess, RedisServer};
 
 /// The binaries under test.
@@ -47,6 +48,8 @@ pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(1);
 pub const RECONCILE_GRACE: Duration = Duration::from_secs(3);
 
 pub struct CampaignStack {
+    /// A PostgreSQL server of the campaign's own, so that it can crash and restart.
+    pub postgres: PostgresServer,
     pub db: TestDb,
     pub pool: PgPool,
     pub broker: Broker,
@@ -65,7 +68,8 @@ impl CampaignStack {
         cores: usize,
         decision: Decision,
     ) -> anyhow::Result<Self> {
-        let db = TestDb::create().await;
+        let postgres = PostgresServer::start().await?;
+        let db = TestDb::create_on(&postgres.url()).await;
         let broker = Broker::start().await;
         let redis = RedisServer::start().await;
         let tag = uuid::Uuid::new_v4().simple().to_string();
@@ -103,6 +107,7 @@ impl CampaignStack {
             .ok_or_else(|| anyhow::anyhow!("flash settings have kafka"))?;
         let progress = Progress::new(kafka, Store::new(pool.clone()))?;
         Ok(Self {
+            postgres,
             db,
             pool,
             broker,
@@ -131,5 +136,6 @@ impl CampaignStack {
         drop(self.cores);
         self.pool.close().await;
         self.db.drop_db().await;
+        drop(self.postgres);
     }
 }

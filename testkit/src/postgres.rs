@@ -1,0 +1,159 @@
+//! A PostgreSQL server of the test's own: a cluster made with `initdb` in a temporary
+//! directory and run on a free port, for the faults the machine's shared server must not
+//! suffer (a crash and restart of the whole server).
+//!
+//! PostgreSQL refuses to run as root, so when the tests run as root the cluster belongs to
+//! the `postgres` user and its programs are started through `setpriv`, which execs them
+//! (no fork in between): the process the test owns is the postmaster itself.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use sqlx::{Connection, PgConnection};
+
+use crate::process::{listening, Process};
+use crate::{free_port, TempDir};
+
+pub struct PostgresServer {
+    // First, so it is stopped before its directory is removed.
+    process: Process,
+    pub port: u16,
+    dir: TempDir,
+    bin: PathBuf,
+}
+
+impl PostgresServer {
+    /// Makes a cluster (trust authentication, superuser `postgres`) and starts it.
+    pub async fn start() -> anyhow::Result<Self> {
+        let bin = bin_dir()?;
+        let dir = TempDir::new("postgres");
+        let data = dir.0.join("data");
+        if running_as_root() {
+            let status = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&dir.0)
+                .status()?;
+            anyhow::ensure!(status.success(), "chown of {} failed", dir.0.display());
+        }
+        let output = as_postgres(bin.join("initdb"))
+            .args([
+                "--auth=trust",
+                "--username=postgres",
+                "--no-sync",
+                "--encoding=UTF8",
+            ])
+            .arg("--pgdata")
+            .arg(&data)
+            .output()?;
+        anyhow::ensure!(
+            output.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let mut server = Self {
+            process: Process::default(),
+            port: free_port(),
+            dir,
+            bin,
+        };
+        server.restart().await?;
+        Ok(server)
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT`, without a database name.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}", self.port)
+    }
+
+    /// Starts the server (again) on the same port and data: after a crash it replays its
+    /// write-ahead log before it accepts connections, as a restarted production server does.
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.process.kill();
+        // Its log, kept with the cluster (appended across restarts).
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.0.join("postgres.log"))?;
+        let child = as_postgres(self.bin.join("postgres"))
+            .arg("-D")
+            .arg(self.dir.0.join("data"))
+            .args(["-p", &self.port.to_string()])
+            .args(["-c", "listen_addresses=127.0.0.1"])
+            .arg("-c")
+            .arg(format!("unix_socket_directories={}", self.dir.0.display()))
+            .args(["-c", "max_connections=200", "-c", "fsync=on"])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()?;
+        self.process.set(child);
+        anyhow::ensure!(
+            listening(self.port, Duration::from_secs(30)).await,
+            "PostgreSQL did not listen on {} within 30 s",
+            self.port
+        );
+        // Listening comes before recovery ends; a connection proves it is over.
+        let url = format!("{}/postgres", self.url());
+        for _ in 0..300 {
+            if PgConnection::connect(&url).await.is_ok() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        anyhow::bail!(
+            "PostgreSQL on {} accepted no connection within 30 s",
+            self.port
+        )
+    }
+
+    /// Stops the server in immediate mode (SIGQUIT to the postmaster, what `pg_ctl stop -m
+    /// immediate` sends): every session is cut, nothing is checkpointed, and the next start
+    /// recovers from the write-ahead log as after a crash. Returns once it has exited.
+    pub fn crash(&mut self) {
+        self.process.stop_with("QUIT");
+    }
+}
+
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        // SIGKILL would leave its backends behind for a moment; an immediate stop takes
+        // them down with it.
+        self.crash();
+    }
+}
+
+/// Where the server's programs are: `pg_config --bindir`, or `PG_BIN_DIR`.
+fn bin_dir() -> anyhow::Result<PathBuf> {
+    if let Ok(dir) = std::env::var("PG_BIN_DIR") {
+        return Ok(dir.into());
+    }
+    let output = Command::new("pg_config").arg("--bindir").output()?;
+    anyhow::ensure!(output.status.success(), "pg_config --bindir failed");
+    Ok(PathBuf::from(String::from_utf8(output.stdout)?.trim()))
+}
+
+fn running_as_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout.starts_with(b"0\n"))
+        .unwrap_or(false)
+}
+
+/// `program` as the `postgres` user when we are root (exec'd, so the child is `program`).
+fn as_postgres(program: PathBuf) -> Command {
+    if running_as_root() {
+        let mut command = Command::new("setpriv");
+        command
+            .args([
+                "--reuid=postgres",
+                "--regid=postgres",
+                "--init-groups",
+                "--",
+            ])
+            .arg(program);
+        command
+    } else {
+        Command::new(program)
+    }
+}
