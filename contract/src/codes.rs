@@ -27,11 +27,13 @@ pub enum ErrorCode {
     /// The edge refused a client sending faster than its configured rate (429, with
     /// Retry-After).
     RateLimited,
+    /// The edge refused a request whose headers are larger than it takes (431).
+    HeadersTooLarge,
 }
 
 impl ErrorCode {
     /// Every code, for documents and tests.
-    pub const ALL: [ErrorCode; 21] = [
+    pub const ALL: [ErrorCode; 22] = [
         Self::InvalidRequest,
         Self::MalformedJson,
         Self::UnsupportedMediaType,
@@ -53,6 +55,7 @@ impl ErrorCode {
         Self::Internal,
         Self::BadRequest,
         Self::RateLimited,
+        Self::HeadersTooLarge,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -78,6 +81,7 @@ impl ErrorCode {
             Self::Internal => "INTERNAL",
             Self::BadRequest => "BAD_REQUEST",
             Self::RateLimited => "RATE_LIMITED",
+            Self::HeadersTooLarge => "HEADERS_TOO_LARGE",
         }
     }
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use secrecy::SecretString;
+use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
 use crate::rate_limit::RateLimitSettings;
@@ -22,6 +22,10 @@ pub struct EdgeSettings {
     /// refused at the edge. (`admin_token`, its former name, is still read.)
     #[serde(alias = "admin_token")]
     pub orders_token: SecretString,
+    /// Whether the edge answers OUT_OF_STOCK for sold-out vouchers itself. It needs
+    /// `orders_token` to do so safely: the edge refuses to start without one unless this is
+    /// turned off (then every reservation goes to a core).
+    pub sold_out_answers: bool,
     /// How long a sold-out flag answers for the core.
     #[serde(with = "humantime_serde")]
     pub sold_out_ttl: Duration,
@@ -35,13 +39,17 @@ pub struct EdgeSettings {
     pub cache_capacity: u64,
     /// Request bodies above this get 413 at the edge.
     pub max_body_bytes: usize,
+    /// Request line and headers above this, together, get 431 at the edge (pingora itself
+    /// takes up to 1 MiB and 256 headers).
+    pub max_header_bytes: usize,
     #[serde(with = "humantime_serde")]
     pub health_check_interval: Duration,
     #[serde(with = "humantime_serde")]
     pub upstream_connect_timeout: Duration,
     #[serde(with = "humantime_serde")]
     pub upstream_read_timeout: Duration,
-    /// A client that sends nothing for this long (headers or body) is cut off.
+    /// A client that sends nothing for this long (headers or body) is cut off, and a
+    /// reservation's whole body must arrive within it (a dribbled body gets 400).
     #[serde(with = "humantime_serde")]
     pub client_timeout: Duration,
     /// Redis whose Pub/Sub channel announces uses given back (optional): flags drop at once.
@@ -60,11 +68,13 @@ impl Default for EdgeSettings {
             metrics_listen: "127.0.0.1:9180".into(),
             upstreams: vec!["127.0.0.1:8081".into()],
             orders_token: SecretString::default(),
+            sold_out_answers: true,
             sold_out_ttl: Duration::from_secs(2),
             order_fetch_interval: Duration::from_secs(1),
             rate_limit: RateLimitSettings::default(),
             cache_capacity: 100_000,
             max_body_bytes: 4096,
+            max_header_bytes: 16 * 1024,
             health_check_interval: Duration::from_millis(500),
             upstream_connect_timeout: Duration::from_millis(500),
             upstream_read_timeout: Duration::from_secs(10),
@@ -96,11 +106,23 @@ impl EdgeSettings {
             )
             .build()?
             .try_deserialize()?;
+        settings.check()?;
+        Ok(settings)
+    }
+
+    /// What no edge may start with.
+    pub fn check(&self) -> anyhow::Result<()> {
         anyhow::ensure!(
-            !settings.upstreams.is_empty(),
+            !self.upstreams.is_empty(),
             "at least one upstream is needed"
         );
-        Ok(settings)
+        anyhow::ensure!(
+            !self.sold_out_answers || !self.orders_token.expose_secret().is_empty(),
+            "orders_token is empty, so the edge could not tell a holder's retry from a new \
+             order on a sold-out voucher: set orders_token (EDGE__ORDERS_TOKEN, the cores' \
+             admin.orders_token), or sold_out_answers: false to send every reservation to a core"
+        );
+        Ok(())
     }
 
     pub fn availability_channel(&self) -> String {
@@ -128,5 +150,16 @@ mod tests {
             !format!("{s:?}").contains("t0k3n"),
             "the token never prints"
         );
+    }
+
+    #[test]
+    fn an_edge_without_its_token_starts_only_without_sold_out_answers() {
+        let mut s = EdgeSettings::default();
+        assert!(s.check().is_err(), "no token, sold-out answers on");
+        s.sold_out_answers = false;
+        assert!(s.check().is_ok());
+        s.sold_out_answers = true;
+        s.orders_token = "t".to_owned().into();
+        assert!(s.check().is_ok());
     }
 }

@@ -31,6 +31,9 @@ pub struct Edge {
     pub http: reqwest::Client,
 }
 
+/// The edge's own health endpoint (answered by the edge, never forwarded).
+pub const EDGE_HEALTH_PATH: &str = "/healthz";
+
 /// Per-request state carried between the phases.
 pub struct Ctx {
     route: Route,
@@ -54,23 +57,12 @@ impl Edge {
         code: ErrorCode,
         message: &str,
     ) -> Result<()> {
-        let body = Bytes::from(
-            serde_json::json!({ "error": code.as_str(), "message": message }).to_string(),
-        );
-        let mut header = ResponseHeader::build(status, Some(4))?;
-        header.insert_header("content-type", "application/json")?;
-        header.insert_header("content-length", body.len().to_string())?;
-        header.insert_header(headers::SERVED_BY, "edge")?;
-        header.insert_header(headers::ERROR_CODE, code.as_str())?;
+        let body = serde_json::json!({ "error": code.as_str(), "message": message });
+        let mut extra = vec![(headers::ERROR_CODE, code.as_str().to_owned())];
         if status == 503 || status == 429 {
-            header.insert_header(headers::RETRY_AFTER, RETRY_AFTER_SECS.to_string())?;
+            extra.push((headers::RETRY_AFTER, RETRY_AFTER_SECS.to_string()));
         }
-        session.set_keepalive(Some(60));
-        session
-            .write_response_header(Box::new(header), false)
-            .await?;
-        session.write_response_body(Some(body), true).await?;
-        Ok(())
+        write_json(session, status, &body, &extra).await
     }
 
     async fn too_large(&self, session: &mut Session) -> Result<()> {
@@ -80,18 +72,32 @@ impl Edge {
             .await
     }
 
-    /// Reads the whole request body (bounded) into pingora's retry buffer, from which it
-    /// is sent upstream if the request is forwarded. `None` when it is over the limit.
+    /// Reads the whole request body (bounded in size, and in time: all of it within
+    /// `client_timeout`, so a body dribbled a byte at a time cannot hold a connection for
+    /// long) into pingora's retry buffer, from which it is sent upstream if the request is
+    /// forwarded. `None` when it is over the limit.
     async fn read_body(&self, session: &mut Session) -> Result<Option<Bytes>> {
         session.as_mut().enable_retry_buffering();
-        let mut body = Vec::new();
-        while let Some(chunk) = session.read_request_body().await? {
-            body.extend_from_slice(&chunk);
-            if body.len() > self.settings.max_body_bytes {
-                return Ok(None);
+        let limit = self.settings.max_body_bytes;
+        let read = async {
+            let mut body = Vec::new();
+            while let Some(chunk) = session.read_request_body().await? {
+                body.extend_from_slice(&chunk);
+                if body.len() > limit {
+                    return Ok(None);
+                }
             }
+            Ok(Some(Bytes::from(body)))
+        };
+        match tokio::time::timeout(self.settings.client_timeout, read).await {
+            Ok(result) => result,
+            // A client's fault: answered 400 by fail_to_proxy, and the connection closed.
+            Err(_) => Err(Error::explain(
+                ErrorType::ReadTimedout,
+                "request body not received within client_timeout",
+            )
+            .into_down()),
         }
-        Ok(Some(Bytes::from(body)))
     }
 
     async fn rate_limited(&self, session: &mut Session, by: Limited) -> Result<()> {
@@ -158,6 +164,30 @@ impl Edge {
     }
 }
 
+/// Writes a complete JSON answer of the edge's own (`x-served-by: edge`), keeping the
+/// connection alive (a Content-Length is what allows keep-alive).
+async fn write_json(
+    session: &mut Session,
+    status: u16,
+    body: &serde_json::Value,
+    extra: &[(&'static str, String)],
+) -> Result<()> {
+    let body = Bytes::from(body.to_string());
+    let mut header = ResponseHeader::build(status, Some(4 + extra.len()))?;
+    header.insert_header("content-type", "application/json")?;
+    header.insert_header("content-length", body.len().to_string())?;
+    header.insert_header(headers::SERVED_BY, "edge")?;
+    for (name, value) in extra {
+        header.insert_header(*name, value.as_str())?;
+    }
+    session.set_keepalive(Some(60));
+    session
+        .write_response_header(Box::new(header), false)
+        .await?;
+    session.write_response_body(Some(body), true).await?;
+    Ok(())
+}
+
 /// The largest answer a filter can be: its header and `MAX_BITS` bits.
 const MAX_FILTER_BYTES: usize = 64 + (MAX_BITS / 8) as usize;
 
@@ -205,6 +235,13 @@ impl ProxyHttp for Edge {
         let timeout = Some(self.settings.client_timeout);
         session.as_mut().set_read_timeout(timeout);
         let header = session.req_header();
+        // The edge's own liveness, whatever the cores do: a probe of the edge must not fail
+        // because every core is down (that is what /readyz of the cores is for).
+        if header.method == "GET" && header.uri.path() == EDGE_HEALTH_PATH {
+            ctx.outcome = "health";
+            write_json(session, 200, &serde_json::json!({ "status": "ok" }), &[]).await?;
+            return Ok(true);
+        }
         ctx.route = Route::classify(header.method.as_str(), header.uri.path());
         let declared = header
             .headers
@@ -219,6 +256,23 @@ impl ProxyHttp for Edge {
         if let Err(by) = self.rate_limits.check_ip(ip) {
             ctx.outcome = "rate_limited";
             self.rate_limited(session, by).await?;
+            return Ok(true);
+        }
+        let header = session.req_header();
+        let header_bytes = header.uri.to_string().len()
+            + header
+                .headers
+                .iter()
+                .map(|(name, value)| name.as_str().len() + value.len() + 4)
+                .sum::<usize>();
+        if header_bytes > self.settings.max_header_bytes {
+            ctx.outcome = "headers_too_large";
+            let message = format!(
+                "the request line and headers are larger than {} bytes",
+                self.settings.max_header_bytes
+            );
+            self.answer(session, 431, ErrorCode::HeadersTooLarge, &message)
+                .await?;
             return Ok(true);
         }
         if ctx.route.is_admin() {
@@ -343,7 +397,7 @@ impl ProxyHttp for Edge {
         response: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        if let Some(code) = &ctx.code {
+        if let (Some(code), true) = (&ctx.code, self.settings.sold_out_answers) {
             let out_of_stock = response.status.as_u16() == 409
                 && response
                     .headers

@@ -653,3 +653,165 @@ async fn a_bot_over_its_rate_gets_429_and_a_patient_customer_does_not() {
     );
     stack.finish(&accepted).await;
 }
+
+/// Writes `request` on a fresh connection to `addr` and reads until the peer answers or
+/// closes (bounded by `within`); `Some(status)` when it answered, `None` when it closed
+/// without an answer. Panics if it neither answers nor closes in time.
+async fn raw_exchange(
+    addr: &str,
+    request: &[u8],
+    pause_after: Option<Duration>,
+    within: Duration,
+) -> Option<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connects");
+    // A peer that stops reading may refuse the rest: what it answers then is what counts.
+    let _ = stream.write_all(request).await;
+    if let Some(pause) = pause_after {
+        tokio::time::sleep(pause).await;
+    }
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(within, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    answer.extend_from_slice(&buf[..n]);
+                    if answer.windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+            }
+        }
+    })
+    .await;
+    assert!(
+        read.is_ok(),
+        "neither answered nor closed within {within:?}"
+    );
+    let line = String::from_utf8_lossy(&answer);
+    line.split_whitespace().nth(1).and_then(|s| s.parse().ok())
+}
+
+/// Requests no fuzzer sends: a 64 KiB header, 2,000 headers, a body that stops halfway and
+/// one sent a byte at a time. Each gets a 4xx or is cut off in bounded time, at the edge and
+/// at a core; never a 5xx, and the edge keeps serving everyone else meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn huge_headers_and_stalled_bodies_get_a_4xx_or_are_cut_off() {
+    let stack = stack(Duration::from_secs(2)).await;
+    stack.app().given_voucher(flash_voucher("RAW", 10, 1)).await;
+    let edge = stack
+        .edge()
+        .api
+        .base
+        .trim_start_matches("http://")
+        .to_owned();
+    let core = stack
+        .app()
+        .api
+        .base
+        .trim_start_matches("http://")
+        .to_owned();
+    let big_header = |size: usize| {
+        format!(
+            "GET /vouchers/RAW HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+            "a".repeat(size)
+        )
+    };
+    let many_headers = format!(
+        "GET /vouchers/RAW HTTP/1.1\r\nHost: x\r\n{}\r\n",
+        (0..2_000)
+            .map(|i| format!("X-H{i}: v\r\n"))
+            .collect::<String>()
+    );
+    let stalled_body = "POST /vouchers/RAW/reservations HTTP/1.1\r\nHost: x\r\n\
+        Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"customerId\":";
+    // The edge takes 16 KiB of headers (431 HEADERS_TOO_LARGE above); a core, behind it,
+    // takes what hyper takes (about 400 KiB, 100 headers) and answers 431 above that.
+    let cases = [
+        (&edge, "64 KiB header", big_header(64 * 1024)),
+        (&edge, "2,000 headers", many_headers.clone()),
+        (&core, "1 MiB header", big_header(1024 * 1024)),
+        (&core, "2,000 headers", many_headers),
+    ];
+    for (addr, name, request) in cases {
+        let status = raw_exchange(addr, request.as_bytes(), None, Duration::from_secs(10)).await;
+        assert!(
+            status.is_none_or(|s| (400..500).contains(&s)),
+            "{addr} {name}: {status:?}"
+        );
+    }
+    let resp = stack
+        .edge()
+        .api
+        .client
+        .get(format!("{}/vouchers/RAW", stack.edge().api.base))
+        .header("x-big", "a".repeat(20 * 1024))
+        .send()
+        .await
+        .expect("answered");
+    assert_error(
+        resp,
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+        "HEADERS_TOO_LARGE",
+    )
+    .await;
+    // At the edge, a body that stops is cut off after client_timeout (1 s in the tests),
+    // while other clients are served.
+    let (stalled, served) = tokio::join!(
+        raw_exchange(
+            &edge,
+            stalled_body.as_bytes(),
+            None,
+            Duration::from_secs(10)
+        ),
+        async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            stack.edge().api.get_voucher("RAW").await.status()
+        }
+    );
+    assert!(
+        stalled.is_none_or(|s| (400..500).contains(&s)),
+        "stalled body: {stalled:?}"
+    );
+    assert_eq!(served, StatusCode::OK, "others are served meanwhile");
+    // A body sent a byte every 300 ms: every read succeeds, so only a deadline on the
+    // whole body ends it. The edge answers (400) or closes within client_timeout of the
+    // headers, not after the 20 minutes the body would take.
+    let started = std::time::Instant::now();
+    let dribbled = {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let stream = tokio::net::TcpStream::connect(&edge)
+            .await
+            .expect("connects");
+        let (mut read, mut write) = stream.into_split();
+        let head = "POST /vouchers/RAW/reservations HTTP/1.1\r\nHost: x\r\n\
+            Content-Type: application/json\r\nContent-Length: 4000\r\n\r\n";
+        let _ = write.write_all(head.as_bytes()).await;
+        let dribble = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                if write.write_all(b" ").await.is_err() {
+                    break;
+                }
+            }
+        });
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), read.read_to_end(&mut answer)).await;
+        dribble.abort();
+        String::from_utf8_lossy(&answer)
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse::<u16>().ok())
+    };
+    let lasted = started.elapsed();
+    assert!(lasted < Duration::from_secs(5), "held for {lasted:?}");
+    assert!(
+        dribbled.is_none_or(|s| (400..500).contains(&s)),
+        "dribbled body: {dribbled:?}"
+    );
+    stack.finish(&[]).await;
+}
