@@ -37,6 +37,15 @@ pub struct HttpSettings {
     pub metrics_listen: SocketAddr,
     /// Request bodies above this many bytes get 413.
     pub max_body_bytes: usize,
+    /// On SIGTERM, `readyz` answers 503 for this long while requests are still served, so
+    /// that load balancers (the edge checks every 500 ms) stop sending before the listener
+    /// closes.
+    #[serde(with = "humantime_serde")]
+    pub drain_delay: Duration,
+    /// After the drain delay, requests in flight get this long to finish; then the process
+    /// exits anyway.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_deadline: Duration,
 }
 
 impl Default for HttpSettings {
@@ -45,6 +54,8 @@ impl Default for HttpSettings {
             listen: SocketAddr::from(([127, 0, 0, 1], 8081)),
             metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9181)),
             max_body_bytes: 4096,
+            drain_delay: Duration::from_secs(5),
+            shutdown_deadline: Duration::from_secs(10),
         }
     }
 }

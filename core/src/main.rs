@@ -1,3 +1,5 @@
+use std::sync::atomic::Ordering;
+
 use tokio_util::sync::CancellationToken;
 use voucher_core::config::Settings;
 use voucher_core::startup::{shutdown_signal, Application};
@@ -10,9 +12,19 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(api = %app.api_addr(), metrics = %app.metrics_addr(), "voucher-core started");
     let shutdown = CancellationToken::new();
     let trigger = shutdown.clone();
+    let draining = app.draining();
+    let (drain_delay, deadline) = (settings.http.drain_delay, settings.http.shutdown_deadline);
     tokio::spawn(async move {
         shutdown_signal().await;
+        // Ready no more, still serving: balancers stop sending before the listener closes.
+        draining.store(true, Ordering::Relaxed);
+        tracing::info!(?drain_delay, "draining: readyz answers 503");
+        tokio::time::sleep(drain_delay).await;
+        tracing::info!(?deadline, "stopping: requests in flight may finish");
         trigger.cancel();
+        tokio::time::sleep(deadline).await;
+        tracing::warn!("requests still in flight at the shutdown deadline; exiting");
+        std::process::exit(1);
     });
     app.run_until_stopped(shutdown).await
 }

@@ -31,6 +31,7 @@ pub struct Application {
     monitor: Option<ConsumerMonitor>,
     reconciler: Option<Reconciler>,
     store: Store,
+    draining: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Application {
@@ -87,10 +88,12 @@ impl Application {
             settings.reservations.ttl(),
             flash,
         );
+        let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let state = AppState {
             service,
             admin_token: settings.admin.token.clone(),
             orders_token: settings.admin.orders_token.clone(),
+            draining: draining.clone(),
         };
         let service = state.service.clone();
         let (router, _doc) = http::api_router(state, metrics.clone(), settings.http.max_body_bytes);
@@ -116,6 +119,7 @@ impl Application {
             monitor,
             reconciler,
             store,
+            draining,
         })
     }
 
@@ -135,7 +139,11 @@ impl Application {
         &self.store
     }
 
-    /// Serves until `shutdown` is cancelled, then lets requests in flight finish.
+    /// The flag that turns `readyz` to 503 before a shutdown.
+    pub fn draining(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        self.draining.clone()
+    }
+
     /// Serves until `shutdown` is cancelled, then lets requests in flight finish. Every
     /// background job runs in a set owned by this future: dropping it (an aborted task in a
     /// test, as a killed process) stops them all at once.

@@ -36,6 +36,19 @@ impl Process {
         self.signal("CONT");
     }
 
+    /// Asks the process to stop (SIGTERM), as an orchestrator does.
+    pub fn terminate(&self) {
+        self.signal("TERM");
+    }
+
+    /// Whether the process has exited (reaping it if so).
+    pub fn exited(&mut self) -> bool {
+        match &mut self.child {
+            Some(child) => !matches!(child.try_wait(), Ok(None)),
+            None => true,
+        }
+    }
+
     /// Sends `SIG<name>` and waits for the process to exit (a shutdown it performs itself,
     /// such as PostgreSQL's immediate stop on SIGQUIT).
     pub fn stop_with(&mut self, name: &str) {

@@ -345,6 +345,16 @@ impl CoreProcess {
         self.process.pause();
     }
 
+    /// Asks it to stop (SIGTERM).
+    pub fn terminate(&self) {
+        self.process.terminate();
+    }
+
+    /// Whether it has exited.
+    pub fn exited(&mut self) -> bool {
+        self.process.exited()
+    }
+
     /// Lets a paused process go on (SIGCONT).
     pub fn unpause(&self) {
         self.process.unpause();

@@ -26,9 +26,12 @@ const BROKER_READ_WITHIN: Duration = Duration::from_secs(15);
 #[utoipa::path(get, path = "/readyz", tag = "health",
     responses(
         (status = 200, description = "Ready"),
-        (status = 503, description = "SERVICE_UNAVAILABLE: a dependency is down", body = ErrorBody),
+        (status = 503, description = "SERVICE_UNAVAILABLE: a dependency is down, or the process is draining before it stops", body = ErrorBody),
     ))]
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>> {
+    if state.draining.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err(Error::unavailable("draining (shutting down)"));
+    }
     state.service.store().ping().await?;
     let Some(flash) = state.service.flash() else {
         return Ok(Json(json!({ "status": "ready" })));

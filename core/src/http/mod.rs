@@ -24,6 +24,8 @@ use utoipa::{Modify, OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use std::sync::atomic::AtomicBool;
+
 use crate::metrics::{self, Metrics};
 use crate::service::VoucherService;
 use crate::Error;
@@ -35,6 +37,8 @@ pub struct AppState {
     pub admin_token: SecretString,
     /// Reads order lists only (the edge's token).
     pub orders_token: SecretString,
+    /// Set on SIGTERM: `readyz` answers 503 from then on, while requests are still served.
+    pub draining: Arc<AtomicBool>,
 }
 
 /// Every error answer: `{"error": CODE, "message": text}`, plus `field` on

@@ -285,3 +285,55 @@ async fn a_database_closed_to_new_connections_gives_503_not_500() {
         .expect("opened");
     env.finish(&[first.accepted()]).await;
 }
+
+/// SIGTERM, as an orchestrator sends it: `readyz` turns 503 at once (the edge's health
+/// checks stop sending), requests are still served through the drain delay, then the
+/// process stops on its own.
+#[tokio::test]
+async fn sigterm_turns_readyz_to_503_keeps_serving_through_the_drain_then_exits() {
+    use voucher_testkit::helpers::TestDb;
+    use voucher_testkit::stack::CoreProcess;
+    use voucher_testkit::wait::eventually;
+
+    let db = TestDb::create().await;
+    let settings = settings_for(&db.url);
+    let mut core = CoreProcess::start(
+        std::path::Path::new(env!("CARGO_BIN_EXE_voucher-core")),
+        &settings,
+        &[
+            ("VOUCHER__HTTP__DRAIN_DELAY", "3s"),
+            ("VOUCHER__HTTP__SHUTDOWN_DEADLINE", "5s"),
+        ],
+    )
+    .await;
+    let ready = |api: &voucher_testkit::helpers::ApiClient| {
+        let request = api.client.get(format!("{}/readyz", api.base));
+        async move { request.send().await.map(|r| r.status()).ok() }
+    };
+    assert_eq!(ready(&core.api).await, Some(StatusCode::OK));
+
+    core.terminate();
+    eventually(
+        std::time::Duration::from_secs(2),
+        "readyz to turn 503",
+        || async {
+            (ready(&core.api).await == Some(StatusCode::SERVICE_UNAVAILABLE)).then_some(())
+        },
+    )
+    .await;
+    // Draining, not stopped: the API still answers.
+    let during = core.api.get_voucher("NOSUCH").await.status();
+    assert_eq!(during, StatusCode::NOT_FOUND);
+    assert!(!core.exited(), "still running during the drain");
+
+    eventually(
+        std::time::Duration::from_secs(10),
+        "the process to exit",
+        || {
+            let exited = core.exited();
+            async move { exited.then_some(()) }
+        },
+    )
+    .await;
+    db.drop_db().await;
+}
