@@ -157,11 +157,13 @@ impl VoucherService {
     pub async fn order_ids(&self, code: &VoucherCode) -> Result<Vec<String>> {
         let voucher = self.catalog.get(code).await?;
         match (voucher.mode, &self.flash) {
-            (VoucherMode::Flash, Some(flash)) => flash
-                .gate()
-                .order_ids(code)
-                .await?
-                .ok_or(Error::unavailable("voucher gate (rebuilding)")),
+            (VoucherMode::Flash, Some(flash)) => match flash.gate().order_ids(code).await? {
+                Some(ids) => Ok(ids),
+                // A gate being rebuilt: with PostgreSQL deciding, its rows are every use
+                // acknowledged; with the broker deciding, some may still be on their way.
+                None if flash.database_decides() => self.store.voucher_order_ids(code).await,
+                None => Err(Error::unavailable("voucher gate (rebuilding)")),
+            },
             _ => self.store.voucher_order_ids(code).await,
         }
     }
@@ -171,11 +173,12 @@ impl VoucherService {
     pub async fn order_filter(&self, code: &VoucherCode) -> Result<OrderFilter> {
         let voucher = self.catalog.get(code).await?;
         match (voucher.mode, &self.flash) {
-            (VoucherMode::Flash, Some(flash)) => flash
-                .gate()
-                .order_filter(code)
-                .await?
-                .ok_or(Error::unavailable("voucher gate (rebuilding)")),
+            (VoucherMode::Flash, Some(flash)) => match flash.gate().order_filter(code).await? {
+                Some(filter) => Ok(filter),
+                // As for `order_ids`: PostgreSQL's rows and count, in one snapshot.
+                None if flash.database_decides() => self.store.voucher_order_filter(code).await,
+                None => Err(Error::unavailable("voucher gate (rebuilding)")),
+            },
             _ => self.store.voucher_order_filter(code).await,
         }
     }

@@ -99,6 +99,12 @@ impl FlashPath {
         })
     }
 
+    /// Whether PostgreSQL has the last word before a 201 (`flash.decision = "database"`):
+    /// then every acknowledged use is a row, and PostgreSQL alone can say who holds uses.
+    pub fn database_decides(&self) -> bool {
+        self.inner.recorder.is_some()
+    }
+
     pub fn gate(&self) -> &Gate {
         &self.inner.gate
     }

@@ -220,8 +220,9 @@ impl Store {
         )
     }
 
-    /// The order ids of every reservation of a standard voucher as a filter, with the uses
-    /// it had left, in one statement (one snapshot). `VoucherNotFound` when there is none.
+    /// The order ids of every reservation of a voucher as a filter, with the uses it had
+    /// left, in one statement (one snapshot): standard vouchers, and flash ones whose gate is
+    /// gone while PostgreSQL decides. `VoucherNotFound` when there is none.
     pub async fn voucher_order_filter(&self, code: &VoucherCode) -> Result<OrderFilter> {
         let row: Option<(i64, Vec<String>)> = sqlx::query_as(
             "SELECT greatest(v.total_limit - v.used_count, 0)::bigint,

@@ -780,3 +780,52 @@ async fn with_postgresql_deciding_a_lost_order_claim_cannot_give_one_order_two_u
     assert_eq!(env.gate.remaining(&b).await.expect("redis"), Some(5));
     env.finish(&[first.accepted()]).await;
 }
+
+/// While a gate is missing or being rebuilt, the order list and its filter (what edges
+/// fetch) come from PostgreSQL when PostgreSQL decides: its rows are every use acknowledged.
+/// No 503 for the edges meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_the_gate_gone_order_lists_come_from_postgresql() {
+    use voucher_contract::order_filter::OrderFilter;
+    use voucher_testkit::helpers::ORDERS_TOKEN;
+
+    let env = FlashStack::start().await;
+    let app = env.app();
+    app.given_voucher(flash_voucher("ORL", 2, 1)).await;
+    let a = app.attempt("ORL", "c1", "orl-1", 100_000).await;
+    let b = app.attempt("ORL", "c2", "orl-2", 100_000).await;
+    assert_eq!(
+        (a.status, b.status),
+        (StatusCode::CREATED, StatusCode::CREATED)
+    );
+    let code = VoucherCode::parse("ORL").expect("code");
+    env.gate.unload(&code).await.expect("keys deleted");
+
+    let get = |path: String| {
+        let request = app
+            .api
+            .client
+            .get(format!("{}{path}", app.api.base))
+            .bearer_auth(ORDERS_TOKEN);
+        async move { request.send().await.expect("answered") }
+    };
+    let list = get("/vouchers/ORL/orders".into()).await;
+    assert_eq!(list.status(), StatusCode::OK);
+    let list: Value = list.json().await.expect("json");
+    assert_eq!(list["orderIds"], json!(["orl-1", "orl-2"]));
+    let filter = get("/vouchers/ORL/orders/filter".into()).await;
+    assert_eq!(filter.status(), StatusCode::OK);
+    let filter = OrderFilter::decode(&filter.bytes().await.expect("body")).expect("a filter");
+    assert_eq!(filter.remaining, 0, "sold out, by PostgreSQL's count");
+    assert!(filter.may_contain("orl-1") && filter.may_contain("orl-2"));
+
+    // The next reservation starts the rebuild; the invariants need the gate back.
+    let _ = app.attempt("ORL", "c3", "orl-3", 100_000).await;
+    eventually(
+        Duration::from_secs(30),
+        "the gate of ORL rebuilt",
+        || async { env.gate.remaining(&code).await.ok().flatten() },
+    )
+    .await;
+    env.finish(&[a.accepted(), b.accepted()]).await;
+}
