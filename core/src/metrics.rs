@@ -10,7 +10,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
@@ -65,6 +65,9 @@ pub struct Metrics {
     /// What reconciliation looked at, by kind (unsettled orders, released rows, customers):
     /// it follows what changed, not the vouchers' sizes.
     pub reconcile_checked: IntCounterVec,
+    /// When this core last finished a reconciliation round (Unix seconds): an alert fires
+    /// when the newest across the cores grows old.
+    pub reconcile_last_success: IntGauge,
 }
 
 impl Metrics {
@@ -216,6 +219,13 @@ impl Metrics {
                 "voucher_reconcile_checked_total",
                 "Entries reconciliation looked at, by kind",
                 &["kind"],
+            ),
+            reconcile_last_success: register(
+                &r,
+                IntGauge::new(
+                    "voucher_reconcile_last_success_timestamp_seconds",
+                    "When this core last finished a reconciliation round (Unix seconds)",
+                ),
             ),
             registry: r,
         };

@@ -77,6 +77,7 @@ impl Application {
                     grace: settings.flash.reconcile_grace,
                     catch_up_timeout: settings.flash.catch_up_timeout,
                     cursors: Default::default(),
+                    exported: Default::default(),
                 });
                 (Some(flash), consumer, Some(monitor), reconciler)
             }

@@ -57,6 +57,9 @@ pub struct Reconciler {
     pub catch_up_timeout: Duration,
     /// Where each voucher's incremental reads stand.
     pub cursors: Mutex<HashMap<VoucherCode, Cursors>>,
+    /// Vouchers whose gauges this core exports: a voucher that leaves the live set has its
+    /// series removed, not frozen at their last value.
+    pub exported: Mutex<std::collections::HashSet<String>>,
 }
 
 /// Where one voucher's incremental reads stand between rounds.
@@ -107,11 +110,35 @@ impl Reconciler {
         let reports = self.reconcile_all().await;
         timer.observe_duration();
         turn.rollback().await?;
+        if reports.is_ok() {
+            self.metrics
+                .reconcile_last_success
+                .set(chrono::Utc::now().timestamp());
+        }
         reports
+    }
+
+    /// Removes the gauges of vouchers no longer live; remembers the ones that are.
+    fn export_only(&self, live: &[Voucher]) {
+        let live: std::collections::HashSet<String> =
+            live.iter().map(|v| v.code.as_str().to_owned()).collect();
+        let mut exported = self.exported.lock().unwrap_or_else(|e| e.into_inner());
+        for gone in exported.difference(&live) {
+            let _ = self
+                .metrics
+                .gate_remaining
+                .remove_label_values(&[gone.as_str()]);
+            let _ = self
+                .metrics
+                .gate_drift
+                .remove_label_values(&[gone.as_str()]);
+        }
+        *exported = live;
     }
 
     async fn reconcile_all(&self) -> Result<Vec<(Voucher, Option<VoucherReport>)>> {
         let vouchers = self.store.live_flash_vouchers().await?;
+        self.export_only(&vouchers);
         let mut snapshots = Vec::with_capacity(vouchers.len());
         for v in &vouchers {
             snapshots.push(self.flash.gate().snapshot(&v.code).await?);

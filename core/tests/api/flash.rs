@@ -625,6 +625,7 @@ pub(crate) fn reconciler(env: &FlashStack) -> Reconciler {
         grace: env.settings.flash.reconcile_grace,
         catch_up_timeout: Duration::from_secs(30),
         cursors: Default::default(),
+        exported: Default::default(),
     }
 }
 

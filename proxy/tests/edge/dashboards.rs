@@ -217,3 +217,29 @@ async fn every_dashboard_panel_returns_series_after_a_short_k6_sale() {
     assert_eq!(accepted.len(), 300);
     stack.finish(&accepted).await;
 }
+
+/// The alerting and recording rules are valid, and each alert fires on the series it
+/// watches and stays quiet on healthy ones (`dashboards/alerts.test.yml`), by promtool from
+/// Debian's prometheus package.
+#[test]
+fn alert_rules_pass_promtool_check_and_unit_tests() {
+    let dir = repo().join("dashboards");
+    for args in [
+        vec!["check", "rules", "alerts.yml"],
+        vec!["check", "config", "prometheus.yml"],
+        vec!["test", "rules", "alerts.test.yml"],
+    ] {
+        let output = Command::new("promtool")
+            .args(&args)
+            .current_dir(&dir)
+            .output()
+            .expect("promtool is installed by scripts/test.sh (Debian's prometheus)");
+        assert!(
+            output.status.success(),
+            "promtool {}:\n{}\n{}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
