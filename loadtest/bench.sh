@@ -2,6 +2,7 @@
 # The benchmark: brings the stack up (release builds), runs voucher-bench against it and
 # writes reports/bench/REPORT.md with its plots. Takes a few minutes.
 #   STEP_SECS=3 SALE_RATES=5000,10000,20000 ./loadtest/bench.sh
+#   BENCH_ONLY=rate-limits ./loadtest/bench.sh   # only the rate limits' cost: RATE-LIMITS.md
 . "$(dirname "$0")/../scripts/lib.sh"
 cd "$ROOT"
 
@@ -17,6 +18,10 @@ command -v wrk >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq
 command -v redis-benchmark >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq redis-tools >/dev/null; }
 cargo build --release -p voucher-bench
 mkdir -p "$OUT"
+if [[ ${BENCH_ONLY:-} == rate-limits ]]; then
+  DATABASE_URL="$VOUCHER__DATABASE__URL" "$TARGET_DIR"/release/voucher-bench rate-limits "$OUT"
+  exit
+fi
 DATABASE_URL="$VOUCHER__DATABASE__URL" "$TARGET_DIR"/release/voucher-bench "$OUT"
 
 log "plots"

@@ -4,11 +4,13 @@
 //!
 //!   voucher-bench OUT_DIR          the benchmark
 //!   voucher-bench bare-409 ADDR    the bare 409 server it compares the edge with
+//!   voucher-bench rate-limits OUT  only what the edge's rate limits cost (RATE-LIMITS.md)
 //!   voucher-bench big-voucher OUT  a flash voucher of a million uses: sale, reload,
 //!                                  reconciliation, Redis's slow log (`loadtest/big-voucher.sh`)
 
 mod bare;
 mod big;
+mod limits;
 mod load;
 mod probe;
 
@@ -150,6 +152,15 @@ async fn main() -> anyhow::Result<()> {
             .parse()?;
         return bare::serve(addr).await;
     }
+    if args.get(1).map(String::as_str) == Some("rate-limits") {
+        let out = args
+            .get(2)
+            .cloned()
+            .unwrap_or_else(|| "reports/bench".into());
+        let mut run = Run::connect(std::path::PathBuf::from(out)).await?;
+        run.rate_limit_cost().await?;
+        return run.write_rate_limits();
+    }
     if args.get(1).map(String::as_str) == Some("big-voucher") {
         let out = args.get(2).cloned().unwrap_or_else(|| "reports/big".into());
         return big::run(std::path::PathBuf::from(out)).await;
@@ -161,6 +172,7 @@ async fn main() -> anyhow::Result<()> {
     let mut run = Run::connect(std::path::PathBuf::from(out)).await?;
     run.flash_sale().await?;
     run.reject_path().await?;
+    run.rate_limit_cost().await?;
     run.hot_voucher().await?;
     run.gate_vs_redis_benchmark().await?;
     run.peak_memory().await?;
@@ -487,7 +499,7 @@ impl Run {
 
 /// Requests per second wrk reaches against `target` with reservations for `code`
 /// (closed loop: 64 connections, one request in flight each). `None` without wrk.
-async fn wrk_rate(target: SocketAddr, code: &str) -> Option<f64> {
+pub(crate) async fn wrk_rate(target: SocketAddr, code: &str) -> Option<f64> {
     // Keep the flag fresh: one request through the normal path first.
     let script = format!(
         "wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\ncounter = 0\n\

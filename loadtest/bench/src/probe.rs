@@ -152,10 +152,15 @@ impl Stack {
 
     /// Sends reservations for `code` until the edge answers one itself (flag and order list in).
     pub async fn flag_sold_out(&self, code: &str) -> anyhow::Result<()> {
+        self.flag_sold_out_at(&self.edge, code).await
+    }
+
+    /// [`Stack::flag_sold_out`] at the edge on `edge` (`host:port`).
+    pub async fn flag_sold_out_at(&self, edge: &str, code: &str) -> anyhow::Result<()> {
         for i in 0..500 {
             let resp = self
                 .http
-                .post(format!("http://{}/vouchers/{code}/reservations", self.edge))
+                .post(format!("http://{edge}/vouchers/{code}/reservations"))
                 .json(&json!({"customerId": format!("flag-c{i}"), "orderId": format!("{code}-flag{i}"), "orderAmount": 250000}))
                 .send()
                 .await?;

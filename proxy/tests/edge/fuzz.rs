@@ -16,7 +16,12 @@ fn repo() -> PathBuf {
 }
 
 /// One schemathesis run against `base` with the core's document; its output on failure.
-fn schemathesis(document: &str, base: &str, header: Option<String>) -> Result<(), String> {
+fn schemathesis(
+    document: &str,
+    base: &str,
+    header: Option<String>,
+    filter: &[&str],
+) -> Result<(), String> {
     let mut command = Command::new("st");
     command
         .arg("--config-file")
@@ -27,11 +32,12 @@ fn schemathesis(document: &str, base: &str, header: Option<String>) -> Result<()
             "not_a_server_error,status_code_conformance,content_type_conformance,\
              response_headers_conformance,response_schema_conformance,negative_data_rejection",
         ])
-        .args(["--max-examples", "6", "--seed", "1", "--workers", "2"])
+        .args(["--max-examples", "6", "--seed", "1", "--workers", "1"])
         .args(["--no-color", "--generation-database", "none"]);
     if let Some(header) = header {
         command.args(["-H", &header]);
     }
+    command.args(filter);
     let output = command
         .output()
         .map_err(|e| format!("schemathesis (`st`) is installed by scripts/test.sh: {e}"))?;
@@ -58,15 +64,25 @@ async fn generated_requests_get_declared_answers_and_no_5xx_at_a_core_and_throug
     assert!(made.success(), "the fuzz run's vouchers were created");
     let document = format!("{core}/openapi.json");
 
+    // A gate reload's documented effect is 503 for its voucher until rebuilt: fuzzed on its
+    // own, as ./loadtest/fuzz.sh does.
     let (at_core, through_edge) = tokio::task::spawn_blocking(move || {
-        (
+        let admin = || Some(format!("Authorization: Bearer {ADMIN_TOKEN}"));
+        let core_result = schemathesis(
+            &document,
+            &core,
+            admin(),
+            &["--exclude-path-regex", "gate/reload"],
+        )
+        .and_then(|()| {
             schemathesis(
                 &document,
                 &core,
-                Some(format!("Authorization: Bearer {ADMIN_TOKEN}")),
-            ),
-            schemathesis(&document, &edge, None),
-        )
+                admin(),
+                &["--include-path-regex", "gate/reload"],
+            )
+        });
+        (core_result, schemathesis(&document, &edge, None, &[]))
     })
     .await
     .expect("schemathesis ran");

@@ -1,0 +1,117 @@
+//! What the edge's rate limits cost on the reject path: the same sold-out voucher, the same
+//! closed-loop wrk run, against the stack's edge (limits off) and against a second edge of
+//! the same binary and file whose limits count every request (per address and per
+//! customer, set far above the load so that none is refused), and one whose address limit
+//! is 1/s (every request answered 429 RATE_LIMITED).
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::{wrk_rate, Run};
+
+/// An edge of the benchmark's own next to the stack's, with `EDGE__*` settings on top of
+/// `config/edge.yaml`; killed when dropped.
+struct ExtraEdge {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl ExtraEdge {
+    async fn start(port: u16, metrics_port: u16, env: &[(&str, &str)]) -> anyhow::Result<Self> {
+        let binary = std::env::current_exe()?.with_file_name("voucher-edge");
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+        let child = Command::new(binary)
+            .env("EDGE_CONFIG", "config/edge.yaml")
+            .env("EDGE__LISTEN", addr.to_string())
+            .env("EDGE__METRICS_LISTEN", format!("127.0.0.1:{metrics_port}"))
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let edge = Self { child, addr };
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect(addr).await.is_ok() {
+                // The first health check of the cores.
+                tokio::time::sleep(Duration::from_millis(700)).await;
+                return Ok(edge);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        anyhow::bail!("the extra edge did not listen on {addr}")
+    }
+}
+
+impl Drop for ExtraEdge {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Run {
+    /// 2b. The reject path with rate limits counting, and the 429 path itself.
+    pub(crate) async fn rate_limit_cost(&mut self) -> anyhow::Result<()> {
+        eprintln!("rate limits on the reject path");
+        let code = format!("L{}", self.run_id);
+        self.stack.create_voucher(&code, 1, "flash").await?;
+        let counting = ExtraEdge::start(
+            18480,
+            19480,
+            &[
+                ("EDGE__RATE_LIMIT__PER_IP", "1000000000"),
+                ("EDGE__RATE_LIMIT__PER_CUSTOMER", "1000000000"),
+            ],
+        )
+        .await?;
+        self.stack.flag_sold_out(&code).await?;
+        self.stack
+            .flag_sold_out_at(&counting.addr.to_string(), &code)
+            .await?;
+        // Interleaved, so that both see the same machine.
+        let off_1 = wrk_rate(self.edge, &code).await;
+        let on_1 = wrk_rate(counting.addr, &code).await;
+        let off_2 = wrk_rate(self.edge, &code).await;
+        let on_2 = wrk_rate(counting.addr, &code).await;
+        drop(counting);
+        let refusing = ExtraEdge::start(18481, 19481, &[("EDGE__RATE_LIMIT__PER_IP", "1")]).await?;
+        let limited = wrk_rate(refusing.addr, &code).await;
+        drop(refusing);
+        let mean = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) => Some((a + b) / 2.0),
+            _ => None,
+        };
+        if let (Some(on), Some(off)) = (mean(on_1, on_2), mean(off_1, off_2)) {
+            self.table.push(format!(
+                "| Edge reject path (409) with rate limits counting every request vs limits off (wrk, two runs each, interleaved) | {on:.0}/s | {off:.0}/s | {:.2} | per address and per customer, limits far above the load; wrk -t1 -c64 -d5s |",
+                on / off.max(1.0)
+            ));
+        }
+        if let (Some(limited), Some(off)) = (limited, mean(off_1, off_2)) {
+            self.table.push(format!(
+                "| Edge 429 path (address over its 1/s) vs the 409 reject path (wrk) | {limited:.0}/s | {off:.0}/s | {:.2} | every answer 429 RATE_LIMITED with Retry-After |",
+                limited / off.max(1.0)
+            ));
+        }
+        Ok(())
+    }
+
+    /// RATE-LIMITS.md: the rows of [`Run::rate_limit_cost`] alone, with how they were made.
+    pub(crate) fn write_rate_limits(&self) -> anyhow::Result<()> {
+        let mut md = String::from("# What the edge's rate limits cost\n\n");
+        md.push_str(&format!(
+            "- when: {}\n- machine: {}\n- command: `BENCH_ONLY=rate-limits ./loadtest/bench.sh`\n\
+             - each edge: the release binary with `config/edge.yaml`; wrk from the same 2 shared cores\n\n",
+            chrono::Utc::now().to_rfc3339(),
+            crate::probe::machine()
+        ));
+        md.push_str("| measure | ours | baseline | ratio | notes |\n|---|---|---|---|---|\n");
+        for row in &self.table {
+            md.push_str(row);
+            md.push('\n');
+        }
+        std::fs::write(self.out.join("RATE-LIMITS.md"), &md)?;
+        println!("{md}");
+        Ok(())
+    }
+}
