@@ -105,6 +105,12 @@ impl Edge {
             .rate_limited
             .with_label_values(&[by.label()])
             .inc();
+        // An unread body would cost the client its connection (it cannot be reused), and
+        // reconnecting costs the edge more than reading a few bytes: read what is left,
+        // bounded as every body is. (`read_body` has read the body of a reservation already.)
+        if by == Limited::Ip {
+            self.read_body(session).await?;
+        }
         let message = match by {
             Limited::Ip => {
                 "too many requests from this address; retry after the Retry-After seconds"
