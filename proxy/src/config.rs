@@ -117,6 +117,12 @@ impl EdgeSettings {
             "at least one upstream is needed"
         );
         anyhow::ensure!(
+            !self.sold_out_answers || self.redis_url.is_some(),
+            "redis_url is not set, so the edge would not hear of uses given back and a flag \
+             could hide an order that took one: set redis_url (EDGE__REDIS_URL, the cores' \
+             Redis), or sold_out_answers: false"
+        );
+        anyhow::ensure!(
             !self.sold_out_answers || !self.orders_token.expose_secret().is_empty(),
             "orders_token is empty, so the edge could not tell a holder's retry from a new \
              order on a sold-out voucher: set orders_token (EDGE__ORDERS_TOKEN, the cores' \
@@ -154,12 +160,17 @@ mod tests {
 
     #[test]
     fn an_edge_without_its_token_starts_only_without_sold_out_answers() {
-        let mut s = EdgeSettings::default();
+        let mut s = EdgeSettings {
+            redis_url: Some("redis://127.0.0.1:6379/".into()),
+            ..EdgeSettings::default()
+        };
         assert!(s.check().is_err(), "no token, sold-out answers on");
         s.sold_out_answers = false;
         assert!(s.check().is_ok());
         s.sold_out_answers = true;
         s.orders_token = "t".to_owned().into();
         assert!(s.check().is_ok());
+        s.redis_url = None;
+        assert!(s.check().is_err(), "no announcements, sold-out answers on");
     }
 }

@@ -300,6 +300,11 @@ impl ProxyHttp for Edge {
         let Route::Reserve { code } = &ctx.route else {
             return Ok(false);
         };
+        // The route table forgives a trailing '/', the core's router does not (404): such a
+        // path is the core's to answer.
+        if session.req_header().uri.path().ends_with('/') {
+            return Ok(false);
+        }
         // The code as the core reads it (percent-decoded, then checked): every spelling of
         // a voucher meets its one flag, and one the core refuses never meets a flag.
         let code = code.clone().filter(|c| VOUCHER_CODE.check(c).is_ok());

@@ -24,6 +24,9 @@ impl AvailabilitySignals {
         let client = redis::Client::open(self.redis_url.as_str())?;
         let mut pubsub = client.get_async_pubsub().await?;
         pubsub.subscribe(&self.channel).await?;
+        // Announcements sent while the edge was not subscribed are lost: no flag from
+        // before can be trusted to hide every holder.
+        self.sold_out.clear_all();
         let mut messages = pubsub.on_message();
         while let Some(message) = messages.next().await {
             let code: String = message.get_payload()?;

@@ -114,6 +114,12 @@ impl SoldOutCache {
         self.flags.invalidate(code);
     }
 
+    /// Drops every flag: after the availability channel was lost, any announcement may
+    /// have been missed meanwhile.
+    pub fn clear_all(&self) {
+        self.flags.invalidate_all();
+    }
+
     /// Drops flag `id` only (a failed fetch must not drop a newer flag).
     pub fn abandon(&self, code: &str, id: u64) {
         self.flags.entry(code.to_owned()).and_compute_with(|existing| match existing {

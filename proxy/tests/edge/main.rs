@@ -518,6 +518,17 @@ async fn every_spelling_of_a_code_meets_its_one_flag_and_bad_bodies_keep_their_4
         assert_error(resp, StatusCode::from_u16(status).expect("status"), code).await;
     }
 
+    // A trailing '/' is no route at a core (404), so not at the edge either.
+    let slash = post_raw(
+        &stack,
+        "/vouchers/SPELL/reservations/",
+        "application/json",
+        valid,
+    )
+    .await;
+    assert_eq!(slash.status(), StatusCode::NOT_FOUND);
+    assert!(slash.headers().get(headers::SERVED_BY).is_none());
+
     let metrics = stack.edge().metrics().await;
     assert_eq!(
         metrics.sum("edge_sold_out_flags_set_total", &[]),

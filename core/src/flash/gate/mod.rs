@@ -791,10 +791,21 @@ impl Gate {
     /// a use given back after it, and every give-back is announced, which drops the edge's
     /// flag. Read in pieces (HSCAN) like [`Gate::order_ids`]. `None` when not loaded.
     pub async fn order_filter(&self, code: &VoucherCode) -> Result<Option<OrderFilter>> {
+        let k = self.keys(code);
+        // The gate's generation around the scan: a reload (or Redis restarting empty)
+        // during it would leave a filter that misses orders, so that is no filter at all.
+        let generation = || async {
+            redis::cmd("HGET")
+                .arg(&k.meta)
+                .arg("generation")
+                .query_async::<Option<i64>>(&mut self.conn.clone())
+                .await
+                .map_err(redis_down)
+        };
+        let before = generation().await?;
         let Some(remaining) = self.remaining(code).await? else {
             return Ok(None);
         };
-        let k = self.keys(code);
         let expected: usize = redis::cmd("HLEN")
             .arg(&k.orders)
             .query_async(&mut self.conn.clone())
@@ -820,6 +831,9 @@ impl Gate {
                 break;
             }
             cursor = next;
+        }
+        if before.is_none() || generation().await? != before {
+            return Ok(None);
         }
         Ok(Some(filter))
     }
