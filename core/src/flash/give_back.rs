@@ -1,5 +1,6 @@
-//! Giving a use back to the gate: the one place it happens, and the one place the edges are
-//! told (a flag that says "sold out" must drop as soon as a use is free again).
+//! Giving a use back to the gate: the one place it happens, and (through the release
+//! script, atomically) the one place the edges are told: a flag that says "sold out" must
+//! drop as soon as a use is free again.
 //!
 //! Who calls it: the publish path (the event was certainly not written, or the order was
 //! claimed by another voucher), release and expiry (the row was released in PostgreSQL),
@@ -12,19 +13,16 @@ use crate::domain::{OrderId, VoucherCode};
 use crate::Result;
 
 impl FlashPath {
-    /// Gives the use `order_id` holds on `code` back, as `how` says; announces it to the
-    /// edges when a use was in fact returned.
+    /// Gives the use `order_id` holds on `code` back, as `how` says. The release script
+    /// announces it to the edges itself when a use was in fact returned: in the same
+    /// script, so a core dying in between cannot free a use the edges never hear of.
     pub(crate) async fn give_back(
         &self,
         code: &VoucherCode,
         order_id: &OrderId,
         how: GiveBack,
     ) -> Result<ReleaseOutcome> {
-        let outcome = self.inner.gate.release(code, order_id, how).await?;
-        if outcome == ReleaseOutcome::Released {
-            self.inner.gate.announce_available(code).await;
-        }
-        Ok(outcome)
+        self.inner.gate.release(code, order_id, how).await
     }
 
     /// PostgreSQL refused an order the gate let through: its pending record goes and its use

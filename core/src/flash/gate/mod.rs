@@ -395,7 +395,7 @@ impl Gate {
             .arg(order_id.as_str());
         match &how {
             GiveBack::Release => {
-                invocation.arg("release");
+                invocation.arg("release").arg("").arg(0);
             }
             GiveBack::Forget {
                 states,
@@ -405,6 +405,8 @@ impl Gate {
                 invocation.arg("forget").arg(states).arg(*published_by_ms);
             }
         }
+        // A use given back is announced by the script itself.
+        invocation.arg(&self.channel).arg(code.as_str());
         let outcome: String = invocation
             .invoke_async(&mut self.conn.clone())
             .await

@@ -7,6 +7,8 @@
 --                    reserve anew). Only from the states in ARGV[3], and only if the
 --                    latest publish started at or before ARGV[4] (ms): a publish still
 --                    running may yet be written.
+-- ARGV[5] the availability channel, ARGV[6] the voucher code: a use given back is announced
+--         to the edges in the same script, so no crash can come between the two.
 -- Returns RELEASED, ALREADY (nothing held), ABSENT (no record), BUSY (not forgotten) or NOT_LOADED.
 if redis.call('EXISTS', KEYS[1]) == 0 then return 'NOT_LOADED' end
 local record = redis.call('HGET', KEYS[4], ARGV[1])
@@ -33,4 +35,5 @@ else
   redis.call('HSET', KEYS[4], ARGV[1], 'R' .. string.sub(record, 2))
 end
 redis.call('ZREM', KEYS[5], ARGV[1])
+redis.call('PUBLISH', ARGV[5], ARGV[6])
 return 'RELEASED'
