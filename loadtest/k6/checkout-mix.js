@@ -5,7 +5,7 @@
 import http from 'k6/http';
 import exec from 'k6/execution';
 import { check } from 'k6';
-import { BASE_URL, P99_MS, createVoucher, reserve, summary, summaryTrendStats, voucherState } from './lib.js';
+import { BASE_URL, P99_MS, createVoucher, reserve, summaries, summaryTrendStats, voucherState } from './lib.js';
 
 const RATE = Number(__ENV.RATE || 100);
 const CONFIRM_RATIO = Number(__ENV.CONFIRM_RATIO || 0.7);
@@ -71,5 +71,5 @@ export function teardown(data) {
 }
 
 export function handleSummary(data) {
-  return { stdout: summary(data) };
+  return summaries(data);
 }

@@ -6,7 +6,7 @@
 //
 // Ends by reading the voucher: usedCount must not exceed the limit.
 import exec from 'k6/execution';
-import { createVoucher, saleIteration, saleOptions, saleTeardown, summary } from './lib.js';
+import { createVoucher, saleIteration, saleOptions, saleTeardown, summaries } from './lib.js';
 
 export const options = saleOptions(1000, 200, 1000);
 
@@ -21,5 +21,5 @@ export default function (data) {
 export const teardown = saleTeardown;
 
 export function handleSummary(data) {
-  return { stdout: summary(data) };
+  return summaries(data);
 }

@@ -6,6 +6,7 @@
 //   ADMIN_TOKEN  bearer token of admin calls                     default dev-admin-token
 //   CODE         use this existing voucher instead of creating one
 //   P99_MS       latency threshold (default 100; CI's smoke on debug builds raises it)
+//   SUMMARY_JSON where to write the summary as JSON too (for CI), beside the text on stdout
 //   MAX_DROPPED_SHARE  share of planned requests k6 itself may fail to start (default 0.01;
 //                CI's smoke, sharing two cores with other tests, raises it)
 import http from 'k6/http';
@@ -124,6 +125,46 @@ export function summary(data) {
     .map(([name]) => name);
   lines.push(failed.length ? `thresholds FAILED: ${failed.join(', ')}` : 'thresholds passed');
   return lines.join('\n') + '\n';
+}
+
+/**
+ * handleSummary of every script: the text summary on stdout and, when SUMMARY_JSON names a
+ * file, the same figures as JSON there, for a CI to read.
+ */
+export function summaries(data) {
+  const out = { stdout: summary(data) };
+  if (__ENV.SUMMARY_JSON) {
+    out[__ENV.SUMMARY_JSON] = JSON.stringify(summaryJson(data), null, 2);
+  }
+  return out;
+}
+
+/** The summary's figures as one object (counts, latency in ms, failed thresholds). */
+export function summaryJson(data) {
+  const latency = (name) => ({
+    p50: data.metrics[name] ? data.metrics[name].values.med : null,
+    p99: data.metrics[name] ? data.metrics[name].values['p(99)'] : null,
+    max: data.metrics[name] ? data.metrics[name].values.max : null,
+  });
+  return {
+    durationSeconds: data.state.testRunDurationMs / 1000,
+    requests: count(data, 'iterations'),
+    droppedIterations: count(data, 'dropped_iterations'),
+    issued: count(data, 'voucher_issued'),
+    retried: count(data, 'voucher_retried'),
+    rejected: {
+      OUT_OF_STOCK: count(data, 'voucher_rejected_out_of_stock'),
+      ALREADY_USED: count(data, 'voucher_rejected_already_used'),
+      NOT_ELIGIBLE: count(data, 'voucher_rejected_not_eligible'),
+      SERVICE_UNAVAILABLE: count(data, 'voucher_rejected_unavailable'),
+      other: count(data, 'voucher_rejected_other'),
+    },
+    acceptedLatencyMs: latency('voucher_accepted_duration'),
+    rejectedLatencyMs: latency('voucher_rejected_duration'),
+    thresholdsFailed: Object.entries(data.metrics)
+      .filter(([, m]) => m.thresholds && Object.values(m.thresholds).some((t) => !t.ok))
+      .map(([name]) => name),
+  };
 }
 
 export const summaryTrendStats = ['med', 'p(95)', 'p(99)', 'max'];

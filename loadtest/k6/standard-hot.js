@@ -4,7 +4,7 @@
 //
 //   RATE=300 DURATION=10s k6 run loadtest/k6/standard-hot.js
 import exec from 'k6/execution';
-import { createVoucher, saleIteration, saleOptions, saleTeardown, summary } from './lib.js';
+import { createVoucher, saleIteration, saleOptions, saleTeardown, summaries } from './lib.js';
 
 export const options = saleOptions(300, 100, 500);
 
@@ -19,5 +19,5 @@ export default function (data) {
 export const teardown = saleTeardown;
 
 export function handleSummary(data) {
-  return { stdout: summary(data) };
+  return summaries(data);
 }

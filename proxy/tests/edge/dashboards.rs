@@ -157,9 +157,12 @@ async fn every_dashboard_panel_returns_series_after_a_short_k6_sale() {
     // A short k6 flash sale through the edge; its thresholds must pass (the CI smoke).
     // Correctness thresholds as they are; the latency one generous, since these are debug
     // builds sharing two cores with other tests (speed is the benchmark's business).
+    let summary_dir = TempDir::new("k6");
+    let summary_json = summary_dir.0.join("summary.json");
     let k6 = Command::new(std::env::var("K6").unwrap_or_else(|_| "k6".into()))
         .args(["run", "--quiet", "loadtest/k6/flash-sale.js"])
         .current_dir(repo())
+        .env("SUMMARY_JSON", &summary_json)
         .env("BASE_URL", &stack.edge().api.base)
         .env("ADMIN_URL", &stack.app().base)
         .env("CODE", "DASH")
@@ -177,6 +180,13 @@ async fn every_dashboard_panel_returns_series_after_a_short_k6_sale() {
     println!("{report}{}", String::from_utf8_lossy(&k6.stderr));
     assert!(k6.status.success(), "k6 thresholds failed:\n{report}");
     assert!(report.contains("issued uses          300"), "{report}");
+    // The same figures as JSON, for a CI.
+    let json: Value = serde_json::from_str(
+        &std::fs::read_to_string(&summary_json).expect("k6 wrote SUMMARY_JSON"),
+    )
+    .expect("the summary is JSON");
+    assert_eq!(json["issued"], 300, "{json}");
+    assert_eq!(json["thresholdsFailed"], serde_json::json!([]), "{json}");
 
     // Every query of every panel, retried while Prometheus scrapes (bounded).
     let deadline = Instant::now() + Duration::from_secs(60);
