@@ -761,41 +761,44 @@ impl Gate {
     /// The order ids the gate has a record of, whatever their state, read in pieces
     /// (HSCAN): no single call blocks Redis on a voucher's size. `None` when not loaded.
     pub async fn order_ids(&self, code: &VoucherCode) -> Result<Option<Vec<String>>> {
-        if self.remaining(code).await?.is_none() {
-            return Ok(None);
-        }
-        let k = self.keys(code);
-        let mut ids = Vec::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, page): (u64, Vec<String>) = redis::cmd("HSCAN")
-                .arg(&k.orders)
-                .arg(cursor)
-                .arg("COUNT")
-                .arg(CHUNK)
-                .query_async(&mut self.conn.clone())
-                .await
-                .map_err(redis_down)?;
-            // HSCAN returns field, value, field, value, ...; a field may come twice.
-            ids.extend(page.into_iter().step_by(2));
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
-        ids.sort_unstable();
-        ids.dedup();
-        Ok(Some(ids))
+        let ids = self
+            .scan_orders(code, |_, count| Vec::with_capacity(count), Vec::push)
+            .await?;
+        Ok(ids.map(|mut ids| {
+            // HSCAN may return a field twice.
+            ids.sort_unstable();
+            ids.dedup();
+            ids
+        }))
     }
 
     /// The order ids the gate has a record of, as a filter, with the uses it had left
     /// before the first of them was read: an order that took a use after that read needed
     /// a use given back after it, and every give-back is announced, which drops the edge's
-    /// flag. Read in pieces (HSCAN) like [`Gate::order_ids`]. `None` when not loaded.
+    /// flag. `None` when not loaded.
     pub async fn order_filter(&self, code: &VoucherCode) -> Result<Option<OrderFilter>> {
+        self.scan_orders(
+            code,
+            // A few more than now: orders taken during the scan still fit the sizing.
+            |remaining, count| {
+                OrderFilter::with_capacity(count + count / 10, remaining.max(0) as u64)
+            },
+            |filter, order_id| filter.insert(&order_id),
+        )
+        .await
+    }
+
+    /// Reads every order id of `code`'s gate in pieces (HSCAN), into what `start` makes
+    /// from the uses left (read before the first id) and the number of orders then. `None`
+    /// when the gate is not loaded, or was reloaded during the scan (its generation
+    /// changed, or Redis restarted empty): a read across a reload may miss orders.
+    async fn scan_orders<T>(
+        &self,
+        code: &VoucherCode,
+        start: impl FnOnce(i64, usize) -> T,
+        mut each: impl FnMut(&mut T, String),
+    ) -> Result<Option<T>> {
         let k = self.keys(code);
-        // The gate's generation around the scan: a reload (or Redis restarting empty)
-        // during it would leave a filter that misses orders, so that is no filter at all.
         let generation = || async {
             redis::cmd("HGET")
                 .arg(&k.meta)
@@ -808,14 +811,12 @@ impl Gate {
         let Some(remaining) = self.remaining(code).await? else {
             return Ok(None);
         };
-        let expected: usize = redis::cmd("HLEN")
+        let count: usize = redis::cmd("HLEN")
             .arg(&k.orders)
             .query_async(&mut self.conn.clone())
             .await
             .map_err(redis_down)?;
-        // A few more than now: orders taken during the scan still fit the sizing.
-        let mut filter =
-            OrderFilter::with_capacity(expected + expected / 10, remaining.max(0) as u64);
+        let mut into = start(remaining, count);
         let mut cursor: u64 = 0;
         loop {
             let (next, page): (u64, Vec<String>) = redis::cmd("HSCAN")
@@ -826,8 +827,9 @@ impl Gate {
                 .query_async(&mut self.conn.clone())
                 .await
                 .map_err(redis_down)?;
-            for order_id in page.iter().step_by(2) {
-                filter.insert(order_id);
+            // HSCAN returns field, value, field, value, ...
+            for order_id in page.into_iter().step_by(2) {
+                each(&mut into, order_id);
             }
             if next == 0 {
                 break;
@@ -837,7 +839,7 @@ impl Gate {
         if before.is_none() || generation().await? != before {
             return Ok(None);
         }
-        Ok(Some(filter))
+        Ok(Some(into))
     }
 
     /// Drops every key of a voucher's gate (operator reload; tests simulating data loss).
