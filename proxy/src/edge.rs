@@ -265,7 +265,7 @@ impl ProxyHttp for Edge {
             return Ok(true);
         }
         let header = session.req_header();
-        let header_bytes = header.uri.to_string().len()
+        let header_bytes = header.uri.path_and_query().map_or(0, |p| p.as_str().len())
             + header
                 .headers
                 .iter()
