@@ -19,6 +19,9 @@ CORE=http://127.0.0.1:8081
 start_stack
 command -v wrk >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
 mkdir -p "$OUT"
+# The run's own files (the edge's log, wrk's script and output) stay out of the report.
+WORK="$RUN_DIR/connections"
+mkdir -p "$WORK"
 # Each held connection is a file descriptor at both ends (each end in its own process).
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 if (( $(ulimit -n) < IDLE + SLOW + 1000 )); then
@@ -28,7 +31,7 @@ fi
 
 log "an edge of the run's own on :$PORT"
 EDGE_CONFIG=config/edge.yaml EDGE__LISTEN=127.0.0.1:$PORT EDGE__METRICS_LISTEN=127.0.0.1:19490 \
-  "$TARGET_DIR"/release/voucher-edge >"$OUT/edge.log" 2>&1 &
+  "$TARGET_DIR"/release/voucher-edge >"$WORK/edge.log" 2>&1 &
 edge_pid=$!
 trap 'kill $edge_pid 2>/dev/null' EXIT
 wait_for_port 127.0.0.1 $PORT 30
@@ -46,7 +49,7 @@ for i in $(seq 1 50); do
 done
 
 rss() { awk '/^VmRSS/ { print $2 / 1024 }' "/proc/$edge_pid/status"; }
-cat >"$OUT/reserve.lua" <<LUA
+cat >"$WORK/reserve.lua" <<LUA
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 counter = 0
@@ -58,15 +61,15 @@ end
 LUA
 # p50 p99 and requests/s of the reject path, closed loop.
 reject() {
-  wrk -t1 -c32 -d10s --latency -s "$OUT/reserve.lua" "http://127.0.0.1:$PORT" >"$OUT/wrk-$1.log"
-  awk '/^ +50%/ { p50 = $2 } /^ +99%/ { p99 = $2 } /^Requests\/sec/ { rate = $2 } END { printf "%s | %s | %.0f/s", p50, p99, rate }' "$OUT/wrk-$1.log"
+  wrk -t1 -c32 -d10s --latency -s "$WORK/reserve.lua" "http://127.0.0.1:$PORT" >"$WORK/wrk-$1.log"
+  awk '/^ +50%/ { p50 = $2 } /^ +99%/ { p99 = $2 } /^Requests\/sec/ { rate = $2 } END { printf "%s | %s | %.0f/s", p50, p99, rate }' "$WORK/wrk-$1.log"
 }
 
 rss_before=$(rss)
 log "reject path alone"
 alone=$(reject alone)
 log "holding $IDLE idle and $SLOW slow connections for ${HOLD_SECS}s"
-python3 loadtest/connections/hold.py 127.0.0.1 $PORT "$IDLE" "$SLOW" "$HOLD_SECS" >"$OUT/hold.json" &
+python3 loadtest/connections/hold.py 127.0.0.1 $PORT "$IDLE" "$SLOW" "$HOLD_SECS" >"$WORK/hold.json" &
 hold_pid=$!
 sleep 8   # all opened (the hold script paces its connects)
 established=$(ss -Htn state established "( sport = :$PORT )" | wc -l)
@@ -92,7 +95,7 @@ closing=$(python3 loadtest/connections/hold.py 127.0.0.1 $PORT 300 300 75)
   echo "| no held connections | ${rss_before} MiB | $alone |"
   echo "| $IDLE idle + $SLOW slow held ($established established at the edge when measured) | ${rss_held} MiB (${rss_after_load} MiB after wrk) | $held |"
   echo
-  echo "holder: $(cat "$OUT/hold.json")"
+  echo "holder: $(cat "$WORK/hold.json")"
   echo "after the holder finished: edge RSS ${rss_end} MiB, $established_end connections established"
   echo
   echo "held 75 s (300 idle, 300 slow): $closing"
