@@ -12,7 +12,7 @@ use voucher_contract::headers;
 use voucher_testkit::assert::assert_error;
 use voucher_testkit::helpers::{run_all, voucher_body, TestApp, ADMIN_TOKEN};
 use voucher_testkit::invariants::Accepted;
-use voucher_testkit::sale::{reserve_concurrently, Attempt, Sale};
+use voucher_testkit::sale::{reserve_concurrently, Attempt, Sale, SaleResult};
 use voucher_testkit::stack::{flash_voucher, FlashStack};
 use voucher_testkit::wait::eventually;
 
@@ -67,6 +67,32 @@ async fn until_edge_answers(stack: &FlashStack, code: &str) {
     .await;
 }
 
+/// A flash voucher of `uses` (1 per customer) sold out through the edge by `customers`,
+/// and the edge answering for it alone; returns the sale and one holder.
+async fn sold_out_through_the_edge(
+    stack: &FlashStack,
+    code: &str,
+    uses: usize,
+    customers: usize,
+) -> (SaleResult, Attempt) {
+    stack
+        .app()
+        .given_voucher(flash_voucher(code, uses as i64, 1))
+        .await;
+    let sale = Sale::new(code, "first", customers)
+        .run(&stack.edge().api)
+        .await;
+    assert_eq!(sale.created(), uses);
+    let holder = sale
+        .attempts
+        .iter()
+        .find(|a| a.status == StatusCode::CREATED)
+        .expect("a holder")
+        .clone();
+    until_edge_answers(stack, code).await;
+    (sale, holder)
+}
+
 async fn sale_of_2000_on_50_uses(mode: &str) {
     let stack = stack(Duration::from_secs(30)).await;
     let body = if mode == "flash" {
@@ -106,20 +132,8 @@ async fn two_thousand_through_the_edge_on_fifty_standard_uses() {
 async fn after_the_sell_out_the_edge_answers_alone_and_holders_still_get_their_201() {
     // A long TTL: this test is about what happens while the flag holds, not about timing.
     let stack = stack(Duration::from_secs(60)).await;
-    stack
-        .app()
-        .given_voucher(flash_voucher("GONE", 20, 1))
-        .await;
+    let (sale, holder) = sold_out_through_the_edge(&stack, "GONE", 20, 100).await;
     let edge = &stack.edge().api;
-    let sale = Sale::new("GONE", "first", 100).run(edge).await;
-    assert_eq!(sale.created(), 20);
-    let holder = sale
-        .attempts
-        .iter()
-        .find(|a| a.status == StatusCode::CREATED)
-        .expect("a holder")
-        .clone();
-    until_edge_answers(&stack, "GONE").await;
     let at_core_before = core_reservations(&stack).await;
 
     let late: Vec<Attempt> = reserve_concurrently(
@@ -456,20 +470,8 @@ async fn post_raw(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_spelling_of_a_code_meets_its_one_flag_and_bad_bodies_keep_their_400() {
     let stack = stack(Duration::from_secs(60)).await;
-    stack
-        .app()
-        .given_voucher(flash_voucher("SPELL", 2, 1))
-        .await;
+    let (sale, holder) = sold_out_through_the_edge(&stack, "SPELL", 2, 10).await;
     let edge = &stack.edge().api;
-    let sale = Sale::new("SPELL", "first", 10).run(edge).await;
-    assert_eq!(sale.created(), 2);
-    let holder = sale
-        .attempts
-        .iter()
-        .find(|a| a.status == StatusCode::CREATED)
-        .expect("a holder")
-        .clone();
-    until_edge_answers(&stack, "SPELL").await;
 
     // Other spellings of the same code, new orders: answered at the edge from the one flag.
     for (i, spelling) in ["%53PELL", "SP%45LL", "%53%50%45%4C%4C"].iter().enumerate() {
