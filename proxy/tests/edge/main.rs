@@ -166,11 +166,14 @@ async fn after_the_sell_out_the_edge_answers_alone_and_holders_still_get_their_2
         "the original 201 body"
     );
     let metrics = stack.edge().metrics().await;
+    // Every late request the edge did not forward (the filter's false positives) it
+    // answered itself.
+    let false_positives = reached - 1.0;
     assert!(
         metrics.sum(
             "edge_requests_total",
             &[("outcome", "sold_out"), ("route", "reserve")]
-        ) >= 5000.0
+        ) >= 5000.0 - false_positives
     );
     stack.finish(&sale.accepted()).await;
 }
