@@ -131,6 +131,14 @@ ensure_schemathesis() {
   hash -r
 }
 
+# socat (Debian package): the TLS listener in front of tansu in the test of managed
+# dependencies (tansu 0.6 has no TLS listener of its own).
+ensure_socat() {
+  if command -v socat >/dev/null 2>&1; then return 0; fi
+  log "installing socat (Debian package)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq socat >/dev/null
+}
+
 # Prometheus (Debian package) for the dashboard test; the package's service is not started.
 ensure_prometheus() {
   if command -v prometheus >/dev/null 2>&1; then return 0; fi

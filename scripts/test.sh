@@ -13,4 +13,5 @@ ensure_k6
 ensure_prometheus
 ensure_faketime
 ensure_schemathesis
+ensure_socat
 cargo test --workspace --locked "$@"

@@ -138,6 +138,10 @@ pub struct LogSettings {
     pub filter: String,
     /// `text` for people, `json` for log shippers.
     pub format: String,
+    /// One `info` line per request (target `access`): method, path, route, status,
+    /// duration and the request id. Off, or filtered out with `access=warn`, when a log
+    /// pipeline cannot take one line per request of a flash sale.
+    pub access: bool,
 }
 
 impl Default for LogSettings {
@@ -145,6 +149,7 @@ impl Default for LogSettings {
         Self {
             filter: "info".into(),
             format: "text".into(),
+            access: true,
         }
     }
 }
@@ -160,6 +165,9 @@ pub struct RedisSettings {
     /// Connect and response timeout of one Redis call.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
+    /// Certificates of a Redis reached over TLS (`rediss://` URL): `[redis.tls]` with
+    /// `ca_file`, `cert_file`, `key_file`, or `VOUCHER__REDIS__TLS__CA_FILE` and so on.
+    pub tls: voucher_contract::redis_tls::RedisTls,
 }
 
 impl Default for RedisSettings {
@@ -168,11 +176,16 @@ impl Default for RedisSettings {
             url: "redis://127.0.0.1:6379/".into(),
             key_prefix: voucher_contract::DEFAULT_KEY_PREFIX.into(),
             timeout: Duration::from_secs(1),
+            tls: Default::default(),
         }
     }
 }
 
 impl RedisSettings {
+    pub fn client(&self) -> anyhow::Result<redis::Client> {
+        voucher_contract::redis_tls::redis_client(self.url.expose_secret(), &self.tls)
+    }
+
     pub fn availability_channel(&self) -> String {
         voucher_contract::availability_channel(&self.key_prefix)
     }
@@ -191,6 +204,19 @@ pub struct KafkaSettings {
     pub group: String,
     /// Partitions to create the topic with, when it does not exist.
     pub partitions: i32,
+    /// Copies of each partition when the core creates the topics. With `acks=all` (what
+    /// every producer here uses) an event is acknowledged once every in-sync replica has it:
+    /// with one replica that is one disk. 3 with `min_insync_replicas = 2` survives a broker.
+    pub replication_factor: i32,
+    /// `min.insync.replicas` of the topics the core creates: below it, the broker refuses
+    /// writes (the core answers 503) instead of acknowledging a single copy.
+    pub min_insync_replicas: i32,
+    /// librdkafka properties given to every client (producer, consumer, admin) as written,
+    /// for TLS and SASL above all: `security.protocol`, `ssl.ca.location`,
+    /// `sasl.mechanism`, `sasl.username`, `sasl.password`... In the environment, write the
+    /// dots as `_`: `VOUCHER__KAFKA__PROPERTIES__SASL_PASSWORD`. The properties the core
+    /// sets itself for its guarantees are refused here (see `RESERVED_KAFKA_PROPERTIES`).
+    pub properties: KafkaProperties,
     /// How long the producer keeps trying one event; past it the send fails as ambiguous.
     #[serde(with = "humantime_serde")]
     pub message_timeout: Duration,
@@ -227,6 +253,9 @@ impl Default for KafkaSettings {
             dlq_topic: None,
             group: "voucher-writer".into(),
             partitions: 3,
+            replication_factor: 3,
+            min_insync_replicas: 2,
+            properties: KafkaProperties::default(),
             message_timeout: Duration::from_secs(5),
             consume: true,
             batch_max: 500,
@@ -239,7 +268,62 @@ impl Default for KafkaSettings {
     }
 }
 
+/// librdkafka properties the core sets itself, because a guarantee rests on them (acks and
+/// idempotence of the producers, the consumer's own offset handling, the group and servers
+/// that have their own settings). Configuring one of them is refused, not ignored.
+pub const RESERVED_KAFKA_PROPERTIES: [&str; 8] = [
+    "bootstrap.servers",
+    "group.id",
+    "acks",
+    "enable.idempotence",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "message.timeout.ms",
+    "fetch.wait.max.ms",
+];
+
+/// Extra librdkafka properties. Their values may be secrets (`sasl.password`,
+/// `ssl.key.password`): they never print, only their names do.
+#[derive(Clone, Default, Deserialize)]
+#[serde(transparent)]
+pub struct KafkaProperties(std::collections::BTreeMap<String, String>);
+
+impl KafkaProperties {
+    /// `(property, value)` with `_` read as `.` in names: environment variables have no
+    /// dots, and of librdkafka's properties set as text only `log_level` has an underscore.
+    pub fn iter(&self) -> impl Iterator<Item = (String, &str)> {
+        self.0.iter().map(|(name, value)| {
+            let name = name.to_ascii_lowercase();
+            let name = if name == "log_level" {
+                name
+            } else {
+                name.replace('_', ".")
+            };
+            (name, value.as_str())
+        })
+    }
+}
+
+impl std::fmt::Debug for KafkaProperties {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set()
+            .entries(self.iter().map(|(name, _)| name))
+            .finish()
+    }
+}
+
 impl KafkaSettings {
+    /// A librdkafka configuration with the brokers and the configured properties; each
+    /// client adds what it needs on top.
+    pub fn client_config(&self) -> rdkafka::ClientConfig {
+        let mut config = rdkafka::ClientConfig::new();
+        for (name, value) in self.properties.iter() {
+            config.set(name, value);
+        }
+        config.set("bootstrap.servers", &self.brokers);
+        config
+    }
+
     pub fn dlq_topic(&self) -> String {
         self.dlq_topic
             .clone()
@@ -327,6 +411,18 @@ impl Settings {
     /// Refuses settings that would break a guarantee rather than a preference.
     pub fn validate(&self) -> anyhow::Result<()> {
         if let Some(kafka) = &self.kafka {
+            for (name, _) in kafka.properties.iter() {
+                anyhow::ensure!(
+                    !RESERVED_KAFKA_PROPERTIES.contains(&name.as_str()),
+                    "kafka.properties may not set {name}: the core sets it itself (see \
+                     RESERVED_KAFKA_PROPERTIES) or it has its own setting"
+                );
+            }
+            anyhow::ensure!(
+                kafka.replication_factor >= 1
+                    && (1..=kafka.replication_factor).contains(&kafka.min_insync_replicas),
+                "kafka.min_insync_replicas must lie between 1 and kafka.replication_factor"
+            );
             anyhow::ensure!(
                 self.flash.reconcile_grace > kafka.message_timeout,
                 "flash.reconcile_grace must exceed kafka.message_timeout: a record younger \
@@ -357,19 +453,29 @@ impl Settings {
             Some(path) => config::File::with_name(path).required(true),
             None => config::File::with_name("config/core.toml").required(false),
         };
+        Self::from_sources(file, environment())
+    }
+
+    fn from_sources(
+        file: impl config::Source + Send + Sync + 'static,
+        environment: config::Environment,
+    ) -> anyhow::Result<Self> {
         let settings = config::Config::builder()
             .add_source(file)
-            .add_source(
-                config::Environment::with_prefix("VOUCHER")
-                    .prefix_separator("__")
-                    .separator("__")
-                    .try_parsing(true),
-            )
+            .add_source(environment)
             .build()?
             .try_deserialize::<Self>()?;
         settings.validate()?;
         Ok(settings)
     }
+}
+
+/// `VOUCHER__<SECTION>__<KEY>` variables.
+fn environment() -> config::Environment {
+    config::Environment::with_prefix("VOUCHER")
+        .prefix_separator("__")
+        .separator("__")
+        .try_parsing(true)
 }
 
 #[cfg(test)]
@@ -431,6 +537,89 @@ mod tests {
             assert!(err.to_string().contains("development token"), "{err}");
         }
         assert!(parse("[admin]\ntoken = \"dev-admin-token\"\ndevelopment = true").is_ok());
+    }
+
+    fn from_env(file: &str, vars: &[(&str, &str)]) -> anyhow::Result<Settings> {
+        let vars = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Settings::from_sources(
+            config::File::from_str(file, config::FileFormat::Toml),
+            environment().source(Some(vars)),
+        )
+    }
+
+    #[test]
+    fn the_environment_alone_configures_everything() {
+        let s = from_env(
+            "",
+            &[
+                (
+                    "VOUCHER__DATABASE__URL",
+                    "postgres://db.internal/v?sslmode=verify-full",
+                ),
+                ("VOUCHER__REDIS__URL", "rediss://cache.internal:6380/"),
+                ("VOUCHER__REDIS__TLS__CA_FILE", "/etc/tls/ca.pem"),
+                ("VOUCHER__KAFKA__BROKERS", "k1:9093,k2:9093"),
+                ("VOUCHER__KAFKA__REPLICATION_FACTOR", "3"),
+                ("VOUCHER__KAFKA__PROPERTIES__SECURITY_PROTOCOL", "SASL_SSL"),
+                (
+                    "VOUCHER__KAFKA__PROPERTIES__SASL_MECHANISM",
+                    "SCRAM-SHA-512",
+                ),
+                ("VOUCHER__KAFKA__PROPERTIES__SASL_PASSWORD", "hunter2"),
+                ("VOUCHER__FLASH__ROW_WAIT", "2s"),
+            ],
+        )
+        .expect("valid");
+        let redis = s.redis.as_ref().expect("redis from the environment");
+        assert_eq!(
+            redis.tls.ca_file.as_deref(),
+            Some("/etc/tls/ca.pem".as_ref())
+        );
+        let kafka = s.kafka.as_ref().expect("kafka from the environment");
+        assert_eq!(kafka.brokers, "k1:9093,k2:9093");
+        assert_eq!(kafka.replication_factor, 3);
+        let config = kafka.client_config();
+        assert_eq!(config.get("security.protocol"), Some("SASL_SSL"));
+        assert_eq!(config.get("sasl.mechanism"), Some("SCRAM-SHA-512"));
+        assert_eq!(config.get("sasl.password"), Some("hunter2"));
+        assert_eq!(config.get("bootstrap.servers"), Some("k1:9093,k2:9093"));
+        assert_eq!(s.flash.row_wait, Duration::from_secs(2));
+        let printed = format!("{s:?}");
+        assert!(printed.contains("sasl.password") && !printed.contains("hunter2"));
+        assert!(
+            !printed.contains("db.internal"),
+            "the database URL is a secret"
+        );
+    }
+
+    #[test]
+    fn kafka_properties_from_the_file_keep_their_dots_and_the_environment_wins() {
+        let s = from_env(
+            "[redis]\n[kafka]\n[kafka.properties]\n\"security.protocol\" = \"SSL\"\n\
+             \"ssl.ca.location\" = \"/file/ca.pem\"",
+            &[("VOUCHER__KAFKA__PROPERTIES__SSL_CA_LOCATION", "/env/ca.pem")],
+        )
+        .expect("valid");
+        let config = s.kafka.expect("kafka").client_config();
+        assert_eq!(config.get("security.protocol"), Some("SSL"));
+        assert_eq!(config.get("ssl.ca.location"), Some("/env/ca.pem"));
+    }
+
+    #[test]
+    fn properties_the_guarantees_rest_on_are_refused() {
+        for name in ["acks", "enable.auto.commit", "enable_idempotence"] {
+            let err = parse(&format!(
+                "[redis]\n[kafka]\n[kafka.properties]\n\"{name}\" = \"1\""
+            ))
+            .expect_err("refused");
+            assert!(err.to_string().contains("may not set"), "{err}");
+        }
+        let err = parse("[redis]\n[kafka]\nreplication_factor = 1\nmin_insync_replicas = 2")
+            .expect_err("more in-sync replicas than replicas");
+        assert!(err.to_string().contains("min_insync_replicas"), "{err}");
     }
 
     #[test]

@@ -52,13 +52,22 @@ pub struct EdgeSettings {
     /// reservation's whole body must arrive within it (a dribbled body gets 400).
     #[serde(with = "humantime_serde")]
     pub client_timeout: Duration,
-    /// Redis whose Pub/Sub channel announces uses given back (optional): flags drop at once.
-    pub redis_url: Option<String>,
+    /// Redis whose Pub/Sub channel announces uses given back: flags drop at once. May carry
+    /// a password: kept as a secret, never printed.
+    pub redis_url: Option<SecretString>,
+    /// Certificates of a Redis reached over TLS (`rediss://`): `redis_tls.ca_file`,
+    /// `cert_file`, `key_file` (`EDGE__REDIS_TLS__CA_FILE`...), as the cores read theirs.
+    pub redis_tls: voucher_contract::redis_tls::RedisTls,
     /// The cores' Redis key prefix: the availability channel is derived from it, as the
     /// cores derive it (see `voucher_contract::availability_channel`).
     pub key_prefix: String,
     /// Worker threads of the proxy service.
     pub threads: usize,
+    /// `text` for people, `json` for log shippers (`EDGE__LOG_FORMAT=json`).
+    pub log_format: String,
+    /// One `info` line per request (target `access`): request id, method, path, route,
+    /// status, outcome, duration, client address.
+    pub access_log: bool,
 }
 
 impl Default for EdgeSettings {
@@ -80,8 +89,11 @@ impl Default for EdgeSettings {
             upstream_read_timeout: Duration::from_secs(10),
             client_timeout: Duration::from_secs(5),
             redis_url: None,
+            redis_tls: Default::default(),
             key_prefix: voucher_contract::DEFAULT_KEY_PREFIX.into(),
             threads: 2,
+            log_format: "text".into(),
+            access_log: true,
         }
     }
 }
@@ -112,6 +124,10 @@ impl EdgeSettings {
 
     /// What no edge may start with.
     pub fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            matches!(self.log_format.as_str(), "text" | "json"),
+            "log_format must be text or json"
+        );
         anyhow::ensure!(
             !self.upstreams.is_empty(),
             "at least one upstream is needed"
@@ -161,7 +177,7 @@ mod tests {
     #[test]
     fn an_edge_without_its_token_starts_only_without_sold_out_answers() {
         let mut s = EdgeSettings {
-            redis_url: Some("redis://127.0.0.1:6379/".into()),
+            redis_url: Some("redis://127.0.0.1:6379/".to_owned().into()),
             ..EdgeSettings::default()
         };
         assert!(s.check().is_err(), "no token, sold-out answers on");

@@ -11,6 +11,7 @@ use pingora::lb::LoadBalancer;
 use pingora::server::configuration::ServerConf;
 use pingora::server::{Server, ShutdownWatch};
 use pingora::services::background::{background_service, BackgroundService};
+use secrecy::ExposeSecret;
 
 use crate::config::EdgeSettings;
 use crate::edge::Edge;
@@ -108,10 +109,13 @@ pub fn build(settings: EdgeSettings) -> anyhow::Result<Server> {
         },
     ));
     if let Some(url) = &settings.redis_url {
+        // Built here so that a bad URL or an unreadable certificate stops the start.
+        let client =
+            voucher_contract::redis_tls::redis_client(url.expose_secret(), &settings.redis_tls)?;
         server.add_service(background_service(
             "availability signals",
             AvailabilitySignals {
-                redis_url: url.clone(),
+                client,
                 channel: settings.availability_channel(),
                 sold_out,
                 metrics,

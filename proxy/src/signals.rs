@@ -13,7 +13,7 @@ use crate::metrics::EdgeMetrics;
 use crate::sold_out::SoldOutCache;
 
 pub struct AvailabilitySignals {
-    pub redis_url: String,
+    pub client: redis::Client,
     pub channel: String,
     pub sold_out: SoldOutCache,
     pub metrics: Arc<EdgeMetrics>,
@@ -21,8 +21,7 @@ pub struct AvailabilitySignals {
 
 impl AvailabilitySignals {
     async fn listen(&self) -> redis::RedisResult<()> {
-        let client = redis::Client::open(self.redis_url.as_str())?;
-        let mut pubsub = client.get_async_pubsub().await?;
+        let mut pubsub = self.client.get_async_pubsub().await?;
         pubsub.subscribe(&self.channel).await?;
         // Announcements sent while the edge was not subscribed are lost: no flag from
         // before can be trusted to hide every holder.

@@ -44,14 +44,14 @@ impl TestDb {
     /// A database on `server` (`postgres://user@host:port`, no database name).
     pub async fn create_on(server: &str) -> Self {
         let name = format!("vt_{}", uuid::Uuid::new_v4().simple());
-        let mut admin = PgConnection::connect(&format!("{server}/postgres"))
+        let mut admin = PgConnection::connect(&database_url(server, "postgres"))
             .await
             .unwrap_or_else(|e| panic!("PostgreSQL must run at {server} (see README): {e}"));
         sqlx::query(&format!("CREATE DATABASE {name}"))
             .execute(&mut admin)
             .await
             .expect("create test database");
-        let url = format!("{server}/{name}");
+        let url = database_url(server, &name);
         Self {
             name,
             url,
@@ -62,7 +62,8 @@ impl TestDb {
     /// Drops the database; called at the end of passing tests (a failing one leaves its
     /// database behind to look at).
     pub async fn drop_db(&self) {
-        if let Ok(mut admin) = PgConnection::connect(&format!("{}/postgres", self.server)).await {
+        if let Ok(mut admin) = PgConnection::connect(&database_url(&self.server, "postgres")).await
+        {
             let _ = sqlx::query(&format!(
                 "DROP DATABASE IF EXISTS {} WITH (FORCE)",
                 self.name
@@ -70,6 +71,15 @@ impl TestDb {
             .execute(&mut admin)
             .await;
         }
+    }
+}
+
+/// The URL of database `name` on `server` (`postgres://user@host:port`, perhaps followed
+/// by a `?query` of TLS settings, which stays at the end).
+pub fn database_url(server: &str, name: &str) -> String {
+    match server.split_once('?') {
+        Some((base, query)) => format!("{base}/{name}?{query}"),
+        None => format!("{server}/{name}"),
     }
 }
 

@@ -10,7 +10,8 @@
 //! - [`wait`], [`metrics`], [`assert`]: bounded waiting, one Prometheus text parser, and
 //!   the assertion every error answer gets;
 //! - [`postgres`]: a PostgreSQL server of the test's own, for crashes and restarts;
-//! - [`process`]: a child process a test owns, killed, frozen or thawed on purpose.
+//! - [`process`]: a child process a test owns, killed, frozen or thawed on purpose;
+//! - [`tls`]: certificates a test makes, and a TLS front for a broker without TLS.
 
 pub mod assert;
 pub mod helpers;
@@ -20,6 +21,7 @@ pub mod postgres;
 pub mod process;
 pub mod sale;
 pub mod stack;
+pub mod tls;
 pub mod wait;
 
 /// A port nothing listens on now.

@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use sqlx::{Connection, PgConnection};
 
+use crate::helpers::database_url;
 use crate::process::{listening, Process};
+use crate::tls::{install_private, Certificates};
 use crate::{free_port, TempDir};
 
 pub struct PostgresServer {
@@ -21,11 +23,49 @@ pub struct PostgresServer {
     pub port: u16,
     dir: TempDir,
     bin: PathBuf,
+    /// With TLS: the query of every URL (`sslmode=verify-full&sslrootcert=...`).
+    tls_query: Option<String>,
 }
 
 impl PostgresServer {
     /// Makes a cluster (trust authentication, superuser `postgres`) and starts it.
     pub async fn start() -> anyhow::Result<Self> {
+        let mut server = Self::init().await?;
+        server.restart().await?;
+        Ok(server)
+    }
+
+    /// A cluster that speaks TLS only (`ssl = on`, `hostssl` lines alone in `pg_hba.conf`)
+    /// and authenticates with client certificates (`cert`: the certificate's common name
+    /// is the user). Its URLs verify the server against `certs`' authority and present
+    /// `certs`' client certificate, as a managed PostgreSQL with certificate login wants.
+    pub async fn start_tls(certs: &Certificates) -> anyhow::Result<Self> {
+        let mut server = Self::init().await?;
+        let data = server.dir.0.join("data");
+        let owner = running_as_root().then_some("postgres");
+        install_private(&certs.server_cert(), &data, "server.pem", owner)?;
+        install_private(&certs.server_key(), &data, "server.key", owner)?;
+        install_private(&certs.ca(), &data, "ca.pem", owner)?;
+        std::fs::write(
+            data.join("pg_hba.conf"),
+            "local all all trust\nhostssl all all 127.0.0.1/32 cert\n",
+        )?;
+        std::fs::write(
+            data.join("postgresql.auto.conf"),
+            "ssl = on\nssl_cert_file = 'server.pem'\nssl_key_file = 'server.key'\n\
+             ssl_ca_file = 'ca.pem'\n",
+        )?;
+        server.tls_query = Some(format!(
+            "sslmode=verify-full&sslrootcert={}&sslcert={}&sslkey={}",
+            certs.ca().display(),
+            certs.client_cert().display(),
+            certs.client_key().display()
+        ));
+        server.restart().await?;
+        Ok(server)
+    }
+
+    async fn init() -> anyhow::Result<Self> {
         let bin = bin_dir()?;
         let dir = TempDir::new("postgres");
         let data = dir.0.join("data");
@@ -51,19 +91,23 @@ impl PostgresServer {
             "initdb failed: {}",
             String::from_utf8_lossy(&output.stderr)
         );
-        let mut server = Self {
+        Ok(Self {
             process: Process::default(),
             port: free_port(),
             dir,
             bin,
-        };
-        server.restart().await?;
-        Ok(server)
+            tls_query: None,
+        })
     }
 
-    /// `postgres://postgres@127.0.0.1:PORT`, without a database name.
+    /// `postgres://postgres@127.0.0.1:PORT`, without a database name (with TLS, followed
+    /// by `?sslmode=...`: [`crate::helpers::database_url`] puts a name in between).
     pub fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}", self.port)
+        let base = format!("postgres://postgres@127.0.0.1:{}", self.port);
+        match &self.tls_query {
+            Some(query) => format!("{base}?{query}"),
+            None => base,
+        }
     }
 
     /// Starts the server (again) on the same port and data: after a crash it replays its
@@ -93,7 +137,7 @@ impl PostgresServer {
             self.port
         );
         // Listening comes before recovery ends; a connection proves it is over.
-        let url = format!("{}/postgres", self.url());
+        let url = database_url(&self.url(), "postgres");
         for _ in 0..300 {
             if PgConnection::connect(&url).await.is_ok() {
                 return Ok(());

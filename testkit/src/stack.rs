@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use sqlx::PgPool;
+use voucher_contract::redis_tls::RedisTls;
 use voucher_core::config::{KafkaSettings, RedisSettings, Settings};
 use voucher_core::flash::events::progress::Progress;
 use voucher_core::flash::gate::Gate;
@@ -20,6 +21,7 @@ use crate::helpers::{
 use crate::invariants::{self, Accepted};
 use crate::metrics::Metrics;
 use crate::process::{listening, Process};
+use crate::tls::{Certificates, TlsFront};
 use crate::wait::eventually;
 use crate::{free_port, TempDir};
 
@@ -31,6 +33,13 @@ pub struct Broker {
     process: Process,
     pub port: u16,
     dir: TempDir,
+    /// A secured broker: clients reach it through this TLS front and log in with SCRAM.
+    front: Option<TlsFront>,
+}
+
+/// The broker program (`TANSU`, or `tansu` on the PATH).
+fn tansu() -> Command {
+    Command::new(std::env::var("TANSU").unwrap_or_else(|_| "tansu".into()))
 }
 
 impl Broker {
@@ -39,26 +48,62 @@ impl Broker {
             port: free_port(),
             dir: TempDir::new("broker"),
             process: Process::default(),
+            front: None,
         };
         broker.resume().await;
         broker
     }
 
+    /// A broker as a managed Kafka with `SASL_SSL` is: TLS with client certificates (a
+    /// [`TlsFront`] of `certs`, which the broker advertises) and SASL SCRAM-SHA-512 login
+    /// (tansu's `--authentication`) with `user` and `password`, made before
+    /// authentication is turned on (tansu creates users through its own API).
+    pub async fn start_secured(certs: &Certificates, user: &str, password: &str) -> Self {
+        let mut broker = Self::start().await;
+        let output = tansu()
+            .args([
+                "user",
+                "create",
+                "--broker",
+                &format!("tcp://{}", broker.address()),
+            ])
+            .args(["--mechanism", "scram512", user, password])
+            .output()
+            .expect("tansu user create");
+        assert!(
+            output.status.success(),
+            "tansu user create: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        broker.kill();
+        broker.front = Some(
+            TlsFront::start(certs, broker.port)
+                .await
+                .expect("a TLS front for the broker"),
+        );
+        broker.resume().await;
+        broker
+    }
+
+    /// What clients connect to: the TLS front of a secured broker, else the broker.
     pub fn address(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        let port = self.front.as_ref().map_or(self.port, |f| f.port);
+        format!("127.0.0.1:{port}")
     }
 
     /// Starts the broker process (again, after `kill`) on the same port and data file.
     pub async fn resume(&mut self) {
         let url = format!("tcp://127.0.0.1:{}", self.port);
-        let child = Command::new(std::env::var("TANSU").unwrap_or_else(|_| "tansu".into()))
+        let advertised = format!("tcp://{}", self.address());
+        let child = tansu()
             .args([
                 "broker",
                 "--listener-url",
                 &url,
                 "--advertised-listener-url",
-                &url,
+                &advertised,
             ])
+            .args(self.front.as_ref().map(|_| "--authentication"))
             .args(["--storage-engine", "sqlite://broker.db"])
             .current_dir(&self.dir.0)
             .stdout(Stdio::null())
@@ -96,12 +141,16 @@ pub fn flash_settings(db_url: &str, broker: &Broker, tag: &str) -> Settings {
         url: REDIS_URL.into(),
         key_prefix: format!("vt:{tag}:"),
         timeout: Duration::from_secs(2),
+        ..RedisSettings::default()
     });
     s.kafka = Some(KafkaSettings {
         brokers: broker.address(),
         topic: format!("events-{tag}"),
         group: format!("writer-{tag}"),
         message_timeout: Duration::from_secs(2),
+        // One tansu: one copy is all there is.
+        replication_factor: 1,
+        min_insync_replicas: 1,
         ..KafkaSettings::default()
     });
     // Reconciliation is run by hand in tests that need it, at a known moment.
@@ -123,6 +172,8 @@ pub struct EdgeProcess {
     port: u16,
     pub api: ApiClient,
     pub metrics_base: String,
+    /// Its log: warnings, and the access log (one JSON line per request).
+    pub log: std::path::PathBuf,
     _dir: TempDir,
 }
 
@@ -188,6 +239,7 @@ impl EdgeProcess {
             port,
             api: ApiClient::new(format!("http://127.0.0.1:{port}")),
             metrics_base: format!("http://127.0.0.1:{metrics_port}"),
+            log: dir.0.join("edge.log"),
             _dir: dir,
         };
         edge.restart().await;
@@ -197,12 +249,18 @@ impl EdgeProcess {
     /// Starts the process (again, after [`EdgeProcess::kill`]) with the same configuration.
     pub async fn restart(&mut self) {
         self.kill();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("edge log file");
         let child = Command::new(&self.binary)
             .env("EDGE_CONFIG", &self.config)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", "warn,access=info")
+            .env("EDGE__LOG_FORMAT", "json")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("edge starts");
         // Owned at once, so that a failed start still kills and reaps the process.
@@ -400,6 +458,16 @@ fn core_env(settings: &Settings) -> Vec<(String, String)> {
     if let Some(redis) = &settings.redis {
         env.push(("REDIS__URL".into(), redis.url.expose_secret().to_owned()));
         env.push(("REDIS__KEY_PREFIX".into(), redis.key_prefix.clone()));
+        let files = [
+            ("CA_FILE", &redis.tls.ca_file),
+            ("CERT_FILE", &redis.tls.cert_file),
+            ("KEY_FILE", &redis.tls.key_file),
+        ];
+        for (key, file) in files {
+            if let Some(path) = file {
+                env.push((format!("REDIS__TLS__{key}"), path.display().to_string()));
+            }
+        }
     }
     if let Some(kafka) = &settings.kafka {
         env.push(("KAFKA__BROKERS".into(), kafka.brokers.clone()));
@@ -407,6 +475,18 @@ fn core_env(settings: &Settings) -> Vec<(String, String)> {
         env.push(("KAFKA__GROUP".into(), kafka.group.clone()));
         env.push(("KAFKA__CONSUME".into(), kafka.consume.to_string()));
         env.push(("KAFKA__MESSAGE_TIMEOUT".into(), ms(kafka.message_timeout)));
+        env.push((
+            "KAFKA__REPLICATION_FACTOR".into(),
+            kafka.replication_factor.to_string(),
+        ));
+        env.push((
+            "KAFKA__MIN_INSYNC_REPLICAS".into(),
+            kafka.min_insync_replicas.to_string(),
+        ));
+        for (name, value) in kafka.properties.iter() {
+            let key = name.replace('.', "_").to_ascii_uppercase();
+            env.push((format!("KAFKA__PROPERTIES__{key}"), value.to_owned()));
+        }
     }
     env.into_iter()
         .map(|(k, v)| (format!("VOUCHER__{k}"), v))
@@ -420,6 +500,8 @@ pub struct RedisServer {
     process: Process,
     pub port: u16,
     dir: TempDir,
+    /// With TLS: the client's certificates, and the server's for its command line.
+    tls: Option<(RedisTls, Vec<String>)>,
 }
 
 impl RedisServer {
@@ -428,21 +510,78 @@ impl RedisServer {
             port: free_port(),
             dir: TempDir::new("redis"),
             process: Process::default(),
+            tls: None,
         };
         server.restart().await;
         server
     }
 
+    /// A server that speaks TLS only (`--port 0 --tls-port`) and wants a client certificate
+    /// of `certs`' authority (`--tls-auth-clients yes`).
+    pub async fn start_tls(certs: &Certificates) -> Self {
+        let path = |p: std::path::PathBuf| p.display().to_string();
+        let server_args = vec![
+            "--tls-cert-file".into(),
+            path(certs.server_cert()),
+            "--tls-key-file".into(),
+            path(certs.server_key()),
+            "--tls-ca-cert-file".into(),
+            path(certs.ca()),
+            "--tls-auth-clients".into(),
+            "yes".into(),
+        ];
+        let client = RedisTls {
+            ca_file: Some(certs.ca()),
+            cert_file: Some(certs.client_cert()),
+            key_file: Some(certs.client_key()),
+        };
+        let mut server = Self {
+            port: free_port(),
+            dir: TempDir::new("redis"),
+            process: Process::default(),
+            tls: Some((client, server_args)),
+        };
+        server.restart().await;
+        server
+    }
+
+    /// `rediss://` with TLS.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}/", self.port)
+    }
+
+    /// The client certificates this server wants (none without TLS).
+    pub fn client_tls(&self) -> RedisTls {
+        self.tls
+            .as_ref()
+            .map(|(c, _)| c.clone())
+            .unwrap_or_default()
+    }
+
+    fn client(&self) -> anyhow::Result<redis::Client> {
+        voucher_contract::redis_tls::redis_client(&self.url(), &self.client_tls())
     }
 
     /// Starts the server (again), loading `dump.rdb` if a snapshot was taken. Nothing is
     /// saved on its own: only [`RedisServer::snapshot`] writes one.
     pub async fn restart(&mut self) {
         self.kill();
+        let port = self.port.to_string();
+        let listen: Vec<&str> = match &self.tls {
+            Some((_, server_args)) => ["--port", "0", "--tls-port", &port]
+                .into_iter()
+                .chain(server_args.iter().map(String::as_str))
+                .collect(),
+            None => vec!["--port", &port],
+        };
         let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(listen)
+            .args(["--bind", "127.0.0.1"])
             .args([
                 "--save",
                 "",
@@ -458,11 +597,10 @@ impl RedisServer {
             .spawn()
             .expect("redis-server is installed");
         self.process.set(child);
-        let url = self.url();
+        let client = self.client().expect("a client of the test's Redis");
         eventually(Duration::from_secs(10), "redis-server to answer", || {
-            let url = url.clone();
+            let client = client.clone();
             async move {
-                let client = redis::Client::open(url).ok()?;
                 let mut conn = client.get_multiplexed_async_connection().await.ok()?;
                 redis::cmd("PING")
                     .query_async::<String>(&mut conn)
@@ -475,9 +613,7 @@ impl RedisServer {
 
     /// Writes a snapshot now (SAVE): what a restart loads until the next one.
     pub async fn snapshot(&self) -> anyhow::Result<()> {
-        let mut conn = redis::Client::open(self.url())?
-            .get_multiplexed_async_connection()
-            .await?;
+        let mut conn = self.client()?.get_multiplexed_async_connection().await?;
         redis::cmd("SAVE").query_async::<()>(&mut conn).await?;
         Ok(())
     }

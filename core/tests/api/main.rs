@@ -9,6 +9,7 @@ mod expiry;
 mod flash;
 mod gate_load;
 mod input;
+mod managed;
 mod operations;
 mod reservations;
 mod vouchers;

@@ -582,6 +582,7 @@ pub(crate) fn redis_settings(prefix: &str) -> voucher_core::config::RedisSetting
         url: env_or("REDIS_URL", "redis://127.0.0.1:6379/").into(),
         key_prefix: prefix.to_owned(),
         timeout: Duration::from_secs(2),
+        ..Default::default()
     }
 }
 

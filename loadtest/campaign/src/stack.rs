@@ -78,6 +78,7 @@ impl CampaignStack {
             url: redis.url().into(),
             key_prefix: "vg:".into(),
             timeout: Duration::from_secs(1),
+            ..RedisSettings::default()
         };
         settings.redis = Some(redis_settings.clone());
         settings.flash.reconcile_enabled = true;

@@ -20,7 +20,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -52,8 +51,8 @@ impl EventConsumer {
         store: Store,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Self> {
-        let dead_letters: FutureProducer = ClientConfig::new()
-            .set("bootstrap.servers", &settings.brokers)
+        let dead_letters: FutureProducer = settings
+            .client_config()
             .set("acks", "all")
             // As the publisher's: duplicates are harmless, and tansu's idempotence check
             // breaks after a broker restart.
@@ -195,8 +194,9 @@ impl EventConsumer {
     /// nothing to the broker (the offset lives in PostgreSQL). librdkafka still wants a
     /// `group.id` for an assignment; it is never used to coordinate.
     fn reader(&self, partition: i32, start: Offset) -> anyhow::Result<StreamConsumer> {
-        let reader: StreamConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &self.settings.brokers)
+        let reader: StreamConsumer = self
+            .settings
+            .client_config()
             .set("group.id", &self.settings.group)
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")

@@ -8,7 +8,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use crate::config::KafkaSettings;
@@ -50,9 +49,7 @@ pub struct Lag {
 }
 
 fn client(settings: &KafkaSettings) -> anyhow::Result<BaseConsumer> {
-    Ok(ClientConfig::new()
-        .set("bootstrap.servers", &settings.brokers)
-        .create()?)
+    Ok(settings.client_config().create()?)
 }
 
 impl Progress {

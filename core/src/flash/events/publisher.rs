@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
@@ -29,8 +28,8 @@ pub struct Publisher {
 
 impl Publisher {
     pub fn new(settings: &KafkaSettings) -> anyhow::Result<Self> {
-        let producer: FutureProducer = ClientConfig::new()
-            .set("bootstrap.servers", &settings.brokers)
+        let producer: FutureProducer = settings
+            .client_config()
             .set("acks", "all")
             // Not idempotent: a duplicate from the producer's own retry is harmless (the
             // writer keeps the first row of an orderId and ignores the rest) and events of

@@ -8,7 +8,6 @@ mod record;
 
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
-use secrecy::ExposeSecret;
 use voucher_contract::order_filter::OrderFilter;
 
 pub use record::{OrderRecord, RecordState};
@@ -225,7 +224,7 @@ fn identity(voucher: &Voucher) -> i64 {
 
 impl Gate {
     pub async fn connect(settings: &RedisSettings) -> anyhow::Result<Self> {
-        let client = redis::Client::open(settings.url.expose_secret())?;
+        let client = settings.client()?;
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(settings.timeout)
             .set_response_timeout(settings.timeout)
