@@ -10,11 +10,16 @@
 //! - [`availability_channel`]: the Redis Pub/Sub channel on which cores announce uses given
 //!   back, derived from the one Redis key prefix both sides are configured with.
 //!
-//! It depends only on serde and percent-encoding, so a proxy and a web framework can both
-//! use it.
+//! - [`redis_tls`] (feature `redis`): how both open their client of the shared Redis, TLS
+//!   and client certificates included.
+//!
+//! Without the `redis` feature it depends only on serde and percent-encoding, so a proxy
+//! and a web framework can both use it.
 
 mod codes;
 pub mod order_filter;
+#[cfg(feature = "redis")]
+pub mod redis_tls;
 pub mod request;
 mod routes;
 
@@ -30,8 +35,13 @@ pub mod headers {
     pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
     /// `edge` on answers the edge gave itself, without asking a core.
     pub const SERVED_BY: &str = "x-served-by";
-    /// Seconds to wait before retrying a 503.
+    /// Seconds to wait before retrying a 503 or a 429.
     pub const RETRY_AFTER: &str = "retry-after";
+    /// The request's id: taken from the client when it is a valid one
+    /// ([`crate::request::valid_request_id`]), else made by the edge (or the core, when
+    /// called directly); passed from edge to core, echoed on every answer and written in
+    /// both access logs, so one request can be followed through both.
+    pub const REQUEST_ID: &str = "x-request-id";
 }
 
 /// The `Retry-After` of every 503, edge and core alike.

@@ -72,6 +72,16 @@ pub fn decode_segment(raw: &str) -> Option<String> {
         .map(|s| s.into_owned())
 }
 
+/// Whether a client's `x-request-id` is kept: 1 to 64 characters of `A-Z a-z 0-9 - _ . :`
+/// (a UUID, a trace id, a load balancer's id). Anything else is replaced by a new id, so
+/// that no client can put text of its choice, or a megabyte, into every log line.
+pub fn valid_request_id(raw: &[u8]) -> bool {
+    (1..=64).contains(&raw.len())
+        && raw
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+}
+
 /// Whether a Content-Type header names JSON (`application/json`, any parameters), the only
 /// body type the API takes.
 pub fn is_json(content_type: &str) -> bool {
@@ -173,6 +183,18 @@ impl ReserveBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn request_ids_are_short_and_plain() {
+        assert!(valid_request_id(b"3f0c2a9e-5b1d-4c8e-9a51-0d6f1e2b7c44"));
+        assert!(valid_request_id(
+            b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        ));
+        assert!(!valid_request_id(b""));
+        assert!(!valid_request_id(&[b'a'; 65]));
+        assert!(!valid_request_id(b"id\n{\"level\":\"ERROR\"}"));
+        assert!(!valid_request_id(b"a b"));
+    }
 
     #[test]
     fn identifiers_follow_their_rules() {

@@ -259,7 +259,8 @@ impl EdgeProcess {
             .env("RUST_LOG", "warn,access=info")
             .env("EDGE__LOG_FORMAT", "json")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdout(Stdio::null())
+            // tracing writes to stdout; pingora's own messages go to stderr.
+            .stdout(log.try_clone().expect("edge log file"))
             .stderr(log)
             .spawn()
             .expect("edge starts");

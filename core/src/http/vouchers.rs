@@ -168,6 +168,27 @@ pub async fn get_voucher(
     Ok(Json(VoucherView::new(voucher, stats)))
 }
 
+/// The answer to a gate reload.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct GateReload {
+    #[schema(example = "FLASH100")]
+    code: String,
+    /// Always `REBUILDING`: the rebuild runs once PostgreSQL holds every published event.
+    #[schema(example = "REBUILDING", pattern = "^REBUILDING$")]
+    status: &'static str,
+}
+
+/// The orderIds with a reservation on a voucher.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OrderIds {
+    #[schema(example = "FLASH100")]
+    code: String,
+    /// Every orderId with a reservation, whatever its state.
+    #[schema(example = json!(["order-1001", "order-1002"]))]
+    order_ids: Vec<String>,
+}
+
 /// Rebuild a flash voucher's gate from PostgreSQL (admin).
 #[utoipa::path(
     post, path = "/vouchers/{code}/gate/reload", tag = "vouchers",
@@ -175,7 +196,7 @@ pub async fn get_voucher(
     security(("admin" = [])),
     responses(
         (status = 202, description = "The gate was dropped; it is rebuilt once PostgreSQL holds every \
-            published event. Reservations get 503 until then."),
+            published event. Reservations get 503 until then.", body = GateReload),
         (status = 400, description = "INVALID_REQUEST: not a flash voucher", body = ErrorBody),
         (status = 401, description = "UNAUTHORIZED", body = ErrorBody),
         (status = 403, description = "FORBIDDEN", body = ErrorBody),
@@ -188,12 +209,15 @@ pub async fn reload_gate(
     State(state): State<AppState>,
     _admin: Admin,
     ApiPath(code): ApiPath<String>,
-) -> Result<(StatusCode, Json<serde_json::Value>)> {
+) -> Result<(StatusCode, Json<GateReload>)> {
     let code = VoucherCode::parse(code)?;
     state.service.reload_gate(&code).await?;
     Ok((
         StatusCode::ACCEPTED,
-        Json(serde_json::json!({ "code": code.as_str(), "status": "REBUILDING" })),
+        Json(GateReload {
+            code: code.to_string(),
+            status: "REBUILDING",
+        }),
     ))
 }
 
@@ -205,7 +229,7 @@ pub async fn reload_gate(
     params(("code" = String, Path, description = "Voucher code: 1 to 32 of A-Z a-z 0-9 - _", min_length = 1, max_length = 32, pattern = r"^[A-Za-z0-9_-]{1,32}$")),
     security(("admin" = []), ("orders" = [])),
     responses(
-        (status = 200, description = "`{code, orderIds}`"),
+        (status = 200, description = "Every orderId with a reservation", body = OrderIds),
         (status = 400, description = "INVALID_REQUEST", body = ErrorBody),
         (status = 401, description = "UNAUTHORIZED", body = ErrorBody),
         (status = 403, description = "FORBIDDEN", body = ErrorBody),
@@ -218,12 +242,13 @@ pub async fn order_ids(
     State(state): State<AppState>,
     _reader: OrdersReader,
     ApiPath(code): ApiPath<String>,
-) -> Result<Json<serde_json::Value>> {
+) -> Result<Json<OrderIds>> {
     let code = VoucherCode::parse(code)?;
-    let ids = state.service.order_ids(&code).await?;
-    Ok(Json(
-        serde_json::json!({ "code": code.as_str(), "orderIds": ids }),
-    ))
+    let order_ids = state.service.order_ids(&code).await?;
+    Ok(Json(OrderIds {
+        code: code.to_string(),
+        order_ids,
+    }))
 }
 
 /// Every orderId that has a reservation on this voucher as a Bloom filter (no false

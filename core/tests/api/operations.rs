@@ -197,21 +197,73 @@ async fn the_openapi_document_describes_exactly_the_served_routes() {
             .collect()
     };
     let set = |codes: &[&str]| codes.iter().map(|c| c.to_string()).collect::<BTreeSet<_>>();
+    // The core's answers and the edge's own (400, 413, 429, 431, 503; 403 on admin calls).
     assert_eq!(
         documented("/vouchers/{code}/reservations", "post"),
-        set(&["201", "400", "404", "409", "413", "415", "422", "503"])
+        set(&["201", "400", "404", "409", "413", "415", "422", "429", "431", "503"])
     );
     assert_eq!(
         documented("/vouchers", "post"),
-        set(&["201", "400", "401", "403", "409", "413", "415", "503"])
+        set(&["201", "400", "401", "403", "409", "413", "415", "429", "431", "503"])
     );
     assert_eq!(
         documented("/vouchers/{code}/reservations/{orderId}/confirm", "post"),
-        set(&["200", "400", "404", "409", "503"])
+        set(&["200", "400", "404", "409", "413", "429", "431", "503"])
     );
     assert_eq!(
         documented("/vouchers/{code}/reservations/{orderId}", "delete"),
-        set(&["200", "400", "404", "409", "503"])
+        set(&["200", "400", "404", "409", "413", "429", "431", "503"])
+    );
+    // The edge answers its own /healthz: nothing of its own to add there.
+    assert_eq!(documented("/healthz", "get"), set(&["200"]));
+
+    // `error` is an enum of every code; headers are declared on every answer; every JSON
+    // answer has an example, errors one with the code its description names first.
+    let codes: BTreeSet<String> = doc["components"]["schemas"]["ErrorBody"]["properties"]["error"]
+        ["enum"]
+        .as_array()
+        .expect("error is an enum")
+        .iter()
+        .filter_map(|v| v.as_str().map(String::from))
+        .collect();
+    let all: BTreeSet<String> = voucher_contract::ErrorCode::ALL
+        .iter()
+        .map(|c| c.as_str().to_owned())
+        .collect();
+    assert_eq!(codes, all);
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for (method, operation) in item.as_object().expect("path item") {
+            for (status, response) in operation["responses"].as_object().expect("responses") {
+                let at = format!("{method} {path} {status}");
+                let headers = response["headers"].as_object().expect("headers");
+                assert!(headers.contains_key("x-request-id"), "{at}");
+                let status: u16 = status.parse().expect("numeric status");
+                assert_eq!(headers.contains_key("x-error-code"), status >= 400, "{at}");
+                assert_eq!(
+                    headers.contains_key("Retry-After"),
+                    status == 503 || status == 429,
+                    "{at}"
+                );
+                if let Some(json) = response["content"].get("application/json") {
+                    let example = &json["example"];
+                    assert!(example.is_object(), "{at}: no example in {response}");
+                    if status >= 400 {
+                        let code = example["error"].as_str().expect("an error example");
+                        assert!(all.contains(code), "{at}: {code}");
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(
+        doc["paths"]["/vouchers/{code}/reservations"]["post"]["responses"]["201"]["headers"]
+            ["idempotent-replayed"]["$ref"],
+        "#/components/headers/IdempotentReplayed"
+    );
+    assert_eq!(
+        doc["paths"]["/vouchers/{code}/reservations"]["post"]["responses"]["409"]["content"]
+            ["application/json"]["example"]["error"],
+        "OUT_OF_STOCK"
     );
     assert!(doc["components"]["securitySchemes"]["admin"].is_object());
     for schema in [
@@ -220,6 +272,10 @@ async fn the_openapi_document_describes_exactly_the_served_routes() {
         "ReservationView",
         "VoucherView",
         "ErrorBody",
+        "GateReload",
+        "OrderIds",
+        "Health",
+        "Readiness",
     ] {
         assert!(
             doc["components"]["schemas"][schema].is_object(),
@@ -335,5 +391,71 @@ async fn sigterm_turns_readyz_to_503_keeps_serving_through_the_drain_then_exits(
         },
     )
     .await;
+    db.drop_db().await;
+}
+
+/// A core run as a container would (environment only, `VOUCHER__LOG__FORMAT=json`) writes
+/// one JSON access line per request, in the span of the request's id: the id it was sent
+/// (the edge's) when valid, else one of its own; the answer echoes it.
+#[tokio::test]
+async fn each_request_is_one_json_access_line_with_the_request_id_it_echoes() {
+    use voucher_testkit::helpers::TestDb;
+    use voucher_testkit::stack::CoreProcess;
+    use voucher_testkit::wait::eventually;
+
+    let db = TestDb::create().await;
+    let settings = settings_for(&db.url);
+    let core = CoreProcess::start(
+        std::path::Path::new(env!("CARGO_BIN_EXE_voucher-core")),
+        &settings,
+        &[("VOUCHER__LOG__FORMAT", "json")],
+    )
+    .await;
+    let get = |id: Option<&'static str>| {
+        let mut request = core
+            .api
+            .client
+            .get(format!("{}/vouchers/NOPE", core.api.base));
+        if let Some(id) = id {
+            request = request.header("x-request-id", id);
+        }
+        request.send()
+    };
+    let echoed = |r: &reqwest::Response| {
+        r.headers()
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .expect("x-request-id on the answer")
+    };
+    let given = get(Some("edge-5b1d.9")).await.expect("sent");
+    assert_eq!(given.status(), StatusCode::NOT_FOUND);
+    assert_eq!(echoed(&given), "edge-5b1d.9");
+    let made = get(Some("not valid: spaces")).await.expect("sent");
+    let made_id = echoed(&made);
+    assert!(
+        made_id.len() == 32 && made_id.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{made_id}"
+    );
+
+    for (id, status) in [("edge-5b1d.9", 404), (made_id.as_str(), 404)] {
+        let line = eventually(
+            std::time::Duration::from_secs(5),
+            "the access line",
+            || async {
+                std::fs::read_to_string(&core.log)
+                    .unwrap_or_default()
+                    .lines()
+                    .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                    .find(|l| l["target"] == "access" && l["span"]["request_id"] == id)
+            },
+        )
+        .await;
+        assert_eq!(line["level"], "INFO", "{line}");
+        assert_eq!(line["fields"]["status"], status, "{line}");
+        assert_eq!(line["fields"]["route"], "/vouchers/{code}", "{line}");
+        assert_eq!(line["span"]["path"], "/vouchers/NOPE", "{line}");
+    }
+    drop(core);
     db.drop_db().await;
 }

@@ -831,3 +831,101 @@ async fn huge_headers_and_stalled_bodies_get_a_4xx_or_are_cut_off() {
     );
     stack.finish(&[]).await;
 }
+
+/// The edge's access log lines (JSON) for `request_id`.
+fn access_lines(stack: &FlashStack, request_id: &str) -> Vec<Value> {
+    std::fs::read_to_string(&stack.edge().log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|line| line["fields"]["request_id"] == request_id)
+        .collect()
+}
+
+/// A request id travels edge to core and back: a client's valid id is kept, echoed and
+/// logged; without one (or with one that could carry text into the logs) the edge makes
+/// one, the core answers with that same id (so it received it), and the edge's own answers
+/// carry theirs too. Each request is one JSON access-log line at the edge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_id_goes_from_edge_to_core_and_back_and_into_the_access_log() {
+    let stack = stack(Duration::from_secs(2)).await;
+    stack.app().given_voucher(flash_voucher("RID", 5, 1)).await;
+    let edge = &stack.edge().api;
+    let reserve = |id: Option<&str>| {
+        let mut request = edge
+            .client
+            .post(format!("{}/vouchers/RID/reservations", edge.base))
+            .json(&json!({"customerId": "c1", "orderId": "rid-o1", "orderAmount": 250000}));
+        if let Some(id) = id {
+            request = request.header(headers::REQUEST_ID, id);
+        }
+        request.send()
+    };
+    let id_of = |r: &reqwest::Response| {
+        r.headers()
+            .get(headers::REQUEST_ID)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .expect("every answer carries x-request-id")
+    };
+
+    let kept = reserve(Some("checkout-7f3a.1:retry-0"))
+        .await
+        .expect("sent");
+    assert_eq!(kept.status(), StatusCode::CREATED);
+    assert_eq!(id_of(&kept), "checkout-7f3a.1:retry-0");
+
+    let made = reserve(None).await.expect("sent");
+    assert_eq!(made.status(), StatusCode::CREATED, "the retry's 201");
+    let made_id = id_of(&made);
+    assert!(
+        made_id.len() == 32 && made_id.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{made_id}"
+    );
+
+    // Text a client would like to see in the logs: replaced by an id of the edge's.
+    let hostile = r#"{"level":"ERROR","forged":true}"#;
+    let replaced = edge
+        .client
+        .get(format!("{}/vouchers/RID", edge.base))
+        .header(headers::REQUEST_ID, hostile)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(replaced.status(), StatusCode::OK);
+    assert_ne!(id_of(&replaced), hostile);
+
+    // The edge's own answer (an admin call refused) carries an id as well.
+    let refused = edge
+        .client
+        .post(format!("{}/vouchers", edge.base))
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    let refused_id = id_of(&refused);
+
+    // One access line each, with what was answered. The core answered the made-up id's
+    // request with the edge's id: it got it from the edge.
+    for (id, status, outcome) in [
+        ("checkout-7f3a.1:retry-0", 201, "forwarded"),
+        (made_id.as_str(), 201, "forwarded"),
+        (refused_id.as_str(), 403, "admin_refused"),
+    ] {
+        let lines = eventually(Duration::from_secs(5), "the access log line", || async {
+            let lines = access_lines(&stack, id);
+            (!lines.is_empty()).then_some(lines)
+        })
+        .await;
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        let fields = &lines[0]["fields"];
+        assert_eq!(fields["status"], status, "{fields}");
+        assert_eq!(fields["outcome"], outcome, "{fields}");
+        assert_eq!(lines[0]["target"], "access");
+        assert!(fields["duration_ms"].as_f64().is_some(), "{fields}");
+    }
+    let log = std::fs::read_to_string(&stack.edge().log).unwrap_or_default();
+    assert!(!log.contains("forged"), "a client's text reached the log");
+    stack.finish(&[Accepted::new("RID", "c1", "rid-o1")]).await;
+}

@@ -16,7 +16,7 @@ use super::progress::{PartitionLag, Progress};
 use crate::metrics::Metrics;
 
 /// What the monitor saw last, for readiness.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ConsumerStatus {
     /// Seconds since the monitor last read the broker and PostgreSQL; `None` before it has.
@@ -26,7 +26,7 @@ pub struct ConsumerStatus {
     pub error: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PartitionStatus {
     pub partition: i32,
