@@ -16,9 +16,12 @@ use prometheus::{
 
 use crate::Error;
 
-/// Latency buckets in seconds: fine below 10 ms, where the reservation path lives.
+/// Latency buckets in seconds: fine below 10 ms, where the reservation path lives, and up
+/// to 30 s, beyond every timeout a request can wait out (`kafka.message_timeout` 5 s,
+/// `flash.row_wait` 3 s, the database's `acquire_timeout` 2 s, a drain's 10 s deadline), so
+/// that a request stuck on one lands in a bucket of its own, not in `+Inf`.
 const LATENCY_BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5,
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
 pub struct Metrics {
@@ -55,6 +58,9 @@ pub struct Metrics {
     pub gate_drift: IntGaugeVec,
     /// Uses left at the gate, per flash voucher (sampled by reconciliation).
     pub gate_remaining: IntGaugeVec,
+    /// When each live flash voucher's sale starts (Unix seconds): the dashboard's
+    /// "sale start" annotation.
+    pub sale_start: IntGaugeVec,
     /// Uses reconciliation gave back, by reason (never_recorded, released_in_db), and uses it
     /// took off a gate that counted too few (repaired).
     pub reconciled: IntCounterVec,
@@ -68,6 +74,19 @@ pub struct Metrics {
     /// When this core last finished a reconciliation round (Unix seconds): an alert fires
     /// when the newest across the cores grows old.
     pub reconcile_last_success: IntGauge,
+    /// 503s by the dependency that could not serve (database, event_broker, redis,
+    /// voucher_gate).
+    pub unavailable: IntCounterVec,
+    /// Requests that found no free database connection within `database.acquire_timeout`
+    /// (a 503 each): the pool is the bottleneck.
+    pub db_pool_timeouts: IntCounter,
+    /// Database connections by state (`idle`, `in_use`) and the pool's maximum, sampled
+    /// at each scrape.
+    pub db_pool_connections: IntGaugeVec,
+    pub db_pool_max: IntGauge,
+    /// The async runtime: worker threads, tasks alive, tasks waiting in the global queue
+    /// (sampled at each scrape): a queue that grows means the workers cannot keep up.
+    pub runtime: IntGaugeVec,
 }
 
 impl Metrics {
@@ -192,6 +211,12 @@ impl Metrics {
                 "Uses left at the Redis gate",
                 &["voucher"],
             ),
+            sale_start: gauge_vec(
+                &r,
+                "voucher_sale_start_timestamp_seconds",
+                "When each live flash voucher's sale starts (Unix seconds)",
+                &["voucher"],
+            ),
             reconciled: counter_vec(
                 &r,
                 "voucher_reconciled_uses_total",
@@ -227,8 +252,46 @@ impl Metrics {
                     "When this core last finished a reconciliation round (Unix seconds)",
                 ),
             ),
+            unavailable: counter_vec(
+                &r,
+                "voucher_unavailable_total",
+                "503 answers by the dependency that could not serve",
+                &["dependency"],
+            ),
+            db_pool_timeouts: register(
+                &r,
+                IntCounter::new(
+                    "voucher_db_pool_timeouts_total",
+                    "Requests that found no free database connection in time (503)",
+                ),
+            ),
+            db_pool_connections: gauge_vec(
+                &r,
+                "voucher_db_pool_connections",
+                "Database connections of the pool by state",
+                &["state"],
+            ),
+            db_pool_max: register(
+                &r,
+                IntGauge::new(
+                    "voucher_db_pool_max_connections",
+                    "The pool's maximum number of database connections",
+                ),
+            ),
+            runtime: gauge_vec(
+                &r,
+                "voucher_runtime_tasks",
+                "Async runtime: workers, tasks alive, tasks in the global queue",
+                &["kind"],
+            ),
             registry: r,
         };
+        // CPU, memory, open files and threads of this process (process_*; Linux).
+        let process = prometheus::process_collector::ProcessCollector::for_self();
+        metrics
+            .registry
+            .register(Box::new(process))
+            .expect("the process collector is registered once");
         metrics.start_series_at_zero();
         metrics
     }
@@ -279,6 +342,34 @@ impl Metrics {
         }
         for result in ["ok", "not_written", "ambiguous"] {
             self.publish_duration.with_label_values(&[result]);
+        }
+        for dependency in ["database", "event_broker", "redis", "voucher_gate"] {
+            self.unavailable.with_label_values(&[dependency]);
+        }
+    }
+
+    /// Samples the database pool and the async runtime (called at each scrape).
+    pub fn sample(&self, pool: &sqlx::PgPool) {
+        let size = i64::from(pool.size());
+        let idle = i64::try_from(pool.num_idle()).unwrap_or(i64::MAX);
+        self.db_pool_connections
+            .with_label_values(&["idle"])
+            .set(idle);
+        self.db_pool_connections
+            .with_label_values(&["in_use"])
+            .set((size - idle).max(0));
+        self.db_pool_max
+            .set(i64::from(pool.options().get_max_connections()));
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let runtime = handle.metrics();
+            let as_i64 = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+            for (kind, value) in [
+                ("workers", runtime.num_workers()),
+                ("alive", runtime.num_alive_tasks()),
+                ("global_queue", runtime.global_queue_depth()),
+            ] {
+                self.runtime.with_label_values(&[kind]).set(as_i64(value));
+            }
         }
     }
 
@@ -348,10 +439,19 @@ pub async fn track(
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "unmatched".to_owned());
     let response = next.run(request).await;
-    let code = response
-        .extensions()
-        .get::<std::sync::Arc<Error>>()
-        .map_or("OK", |e| e.code());
+    let error = response.extensions().get::<std::sync::Arc<Error>>();
+    let code = error.map_or("OK", |e| e.code());
+    if let Some(Error::Unavailable { dependency, cause }) = error.map(|e| &**e) {
+        let label = dependency.replace(' ', "_");
+        metrics.unavailable.with_label_values(&[&label]).inc();
+        let pool_timeout = cause
+            .as_ref()
+            .and_then(|c| c.downcast_ref::<sqlx::Error>())
+            .is_some_and(|e| matches!(e, sqlx::Error::PoolTimedOut));
+        if pool_timeout {
+            metrics.db_pool_timeouts.inc();
+        }
+    }
     metrics
         .http_requests
         .with_label_values(&[method, &route, response.status().as_str(), code])
@@ -379,10 +479,18 @@ fn method_label(method: &axum::http::Method) -> &'static str {
     }
 }
 
+/// What the metrics listener reads: the metrics, and the pool it samples at each scrape.
+#[derive(Clone)]
+pub struct Scrape {
+    pub metrics: std::sync::Arc<Metrics>,
+    pub pool: sqlx::PgPool,
+}
+
 /// `GET /metrics` on the metrics listener.
-pub async fn serve(State(metrics): State<std::sync::Arc<Metrics>>) -> impl IntoResponse {
+pub async fn serve(State(scrape): State<Scrape>) -> impl IntoResponse {
+    scrape.metrics.sample(&scrape.pool);
     (
         [(CONTENT_TYPE, "text/plain; version=0.0.4")],
-        metrics.render(),
+        scrape.metrics.render(),
     )
 }

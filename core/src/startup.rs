@@ -97,7 +97,12 @@ impl Application {
             draining: draining.clone(),
         };
         let service = state.service.clone();
-        let (router, _doc) = http::api_router(state, metrics.clone(), settings.http.max_body_bytes);
+        let (router, _doc) = http::api_router(
+            state,
+            metrics.clone(),
+            settings.http.max_body_bytes,
+            settings.log.access,
+        );
         let expiry = settings.reservations.expiry_enabled.then(|| ExpiryJob {
             service,
             metrics: metrics.clone(),
@@ -114,7 +119,10 @@ impl Application {
             api_listener,
             metrics_listener,
             router,
-            metrics_router: http::metrics_router(metrics),
+            metrics_router: http::metrics_router(crate::metrics::Scrape {
+                metrics,
+                pool: store.pool().clone(),
+            }),
             expiry,
             consumer,
             monitor,

@@ -45,6 +45,8 @@ pub struct Ctx {
     outcome: &'static str,
     /// Upstreams this request failed to reach, skipped when it is retried.
     failed: Vec<String>,
+    /// The `x-request-id` this request goes on with (the client's valid one, or a new one).
+    request_id: String,
 }
 
 impl Edge {
@@ -179,10 +181,15 @@ async fn write_json(
     extra: &[(&'static str, String)],
 ) -> Result<()> {
     let body = Bytes::from(body.to_string());
-    let mut header = ResponseHeader::build(status, Some(4 + extra.len()))?;
+    let mut header = ResponseHeader::build(status, Some(5 + extra.len()))?;
     header.insert_header("content-type", "application/json")?;
     header.insert_header("content-length", body.len().to_string())?;
     header.insert_header(headers::SERVED_BY, "edge")?;
+    // Set (checked, or made) by request_filter before any answer.
+    if let Some(id) = session.req_header().headers.get(headers::REQUEST_ID) {
+        let id = id.clone();
+        header.insert_header(headers::REQUEST_ID, id)?;
+    }
     for (name, value) in extra {
         header.insert_header(*name, value.as_str())?;
     }
@@ -192,6 +199,19 @@ async fn write_json(
         .await?;
     session.write_response_body(Some(body), true).await?;
     Ok(())
+}
+
+/// The status class label of the edge's answers (`2xx` ... `5xx`; `none` when nothing
+/// was answered): bounded, whatever a core sends.
+fn status_class(status: u16) -> &'static str {
+    match status {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        500..=599 => "5xx",
+        _ => "none",
+    }
 }
 
 /// The largest answer a filter can be: its header and `MAX_BITS` bits.
@@ -233,6 +253,7 @@ impl ProxyHttp for Edge {
             started: Instant::now(),
             outcome: "forwarded",
             failed: Vec::new(),
+            request_id: String::new(),
         }
     }
 
@@ -240,6 +261,20 @@ impl ProxyHttp for Edge {
         // Slow or stalled clients are cut off; the core never waits on them.
         let timeout = Some(self.settings.client_timeout);
         session.as_mut().set_read_timeout(timeout);
+        // The request id goes on in the request's own headers: forwarded to the core with
+        // them, and read back by `write_json` for the edge's own answers.
+        ctx.request_id = match session.req_header().headers.get(headers::REQUEST_ID) {
+            Some(v) if request::valid_request_id(v.as_bytes()) => {
+                String::from_utf8_lossy(v.as_bytes()).into_owned()
+            }
+            _ => {
+                let id = uuid::Uuid::new_v4().simple().to_string();
+                session
+                    .req_header_mut()
+                    .insert_header(headers::REQUEST_ID, &id)?;
+                id
+            }
+        };
         let header = session.req_header();
         // The edge's own liveness, whatever the cores do: a probe of the edge must not fail
         // because every core is down (that is what /readyz of the cores is for).
@@ -408,6 +443,10 @@ impl ProxyHttp for Edge {
         response: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
+        // The core echoes it already; a core that did not still gets the client its id.
+        if response.headers.get(headers::REQUEST_ID).is_none() {
+            response.insert_header(headers::REQUEST_ID, &ctx.request_id)?;
+        }
         if let (Some(code), true) = (&ctx.code, self.settings.sold_out_answers) {
             let out_of_stock = response.status.as_u16() == 409
                 && response
@@ -461,12 +500,36 @@ impl ProxyHttp for Edge {
         }
     }
 
-    async fn logging(&self, _session: &mut Session, _e: Option<&Error>, ctx: &mut Ctx) {
+    async fn logging(&self, session: &mut Session, error: Option<&Error>, ctx: &mut Ctx) {
         let labels = [ctx.route.label(), ctx.outcome];
+        let elapsed = ctx.started.elapsed();
         self.metrics.requests.with_label_values(&labels).inc();
         self.metrics
             .duration
             .with_label_values(&labels)
-            .observe(ctx.started.elapsed().as_secs_f64());
+            .observe(elapsed.as_secs_f64());
+        // Status 0: nothing was answered (the client went away first).
+        let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        self.metrics
+            .responses
+            .with_label_values(&[ctx.route.label(), status_class(status)])
+            .inc();
+        if self.settings.access_log {
+            let header = session.req_header();
+            let path: String = header.uri.path().chars().take(256).collect();
+            tracing::info!(
+                target: "access",
+                request_id = %ctx.request_id,
+                method = %header.method,
+                path,
+                route = ctx.route.label(),
+                status,
+                outcome = ctx.outcome,
+                duration_ms = elapsed.as_secs_f64() * 1000.0,
+                client = ?session.client_addr(),
+                error = error.map(|e| e.to_string()),
+                "answered"
+            );
+        }
     }
 }

@@ -7,14 +7,20 @@ use prometheus::{
     HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
 };
 
+/// Up to 30 s: beyond every timeout of the edge (`upstream_read_timeout` 10 s by default),
+/// so a request that waits for one lands in a bucket, not only in `+Inf`.
 const LATENCY_BUCKETS: &[f64] = &[
-    0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5,
+    0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0,
+    10.0, 30.0,
 ];
 
 pub struct EdgeMetrics {
     /// Requests by route and by what the edge did (`forwarded`, or the reason it answered).
     pub requests: IntCounterVec,
     pub duration: HistogramVec,
+    /// Answers by route and status class (`2xx`...`5xx`, `none`): the edge's own and the
+    /// cores' alike, for error ratios.
+    pub responses: IntCounterVec,
     /// Failures talking to a core, by kind (connect, proxy, no_upstream).
     pub upstream_errors: IntCounterVec,
     /// Sold-out flags set from core answers.
@@ -46,6 +52,14 @@ impl EdgeMetrics {
             )
             .buckets(LATENCY_BUCKETS.to_vec()),
             &["route", "outcome"],
+        )
+        .expect("static metric definition is valid");
+        let responses = IntCounterVec::new(
+            Opts::new(
+                "edge_responses_total",
+                "Answers by route and status class, the edge's own and the cores'",
+            ),
+            &["route", "code"],
         )
         .expect("static metric definition is valid");
         let upstream_errors = IntCounterVec::new(
@@ -84,6 +98,7 @@ impl EdgeMetrics {
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(duration.clone()),
+            Box::new(responses.clone()),
             Box::new(upstream_errors.clone()),
             Box::new(flags_set.clone()),
             Box::new(availability_signals.clone()),
@@ -103,6 +118,9 @@ impl EdgeMetrics {
         ] {
             requests.with_label_values(&["reserve", outcome]);
         }
+        for code in ["2xx", "4xx", "5xx"] {
+            responses.with_label_values(&["reserve", code]);
+        }
         for outcome in ["stored", "dropped", "not_sold_out", "failed"] {
             order_fetches.with_label_values(&[outcome]);
         }
@@ -115,6 +133,7 @@ impl EdgeMetrics {
         Ok(Arc::new(Self {
             requests,
             duration,
+            responses,
             upstream_errors,
             flags_set,
             availability_signals,

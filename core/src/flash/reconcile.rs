@@ -132,6 +132,10 @@ impl Reconciler {
                 .metrics
                 .gate_drift
                 .remove_label_values(&[gone.as_str()]);
+            let _ = self
+                .metrics
+                .sale_start
+                .remove_label_values(&[gone.as_str()]);
         }
         *exported = live;
     }
@@ -150,6 +154,10 @@ impl Reconciler {
             .unwrap_or(false);
         let mut reports = Vec::with_capacity(vouchers.len());
         for (voucher, snapshot) in vouchers.into_iter().zip(snapshots) {
+            self.metrics
+                .sale_start
+                .with_label_values(&[voucher.code.as_str()])
+                .set(voucher.starts_at.timestamp());
             if let Some(s) = &snapshot {
                 self.metrics
                     .gate_remaining

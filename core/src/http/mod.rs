@@ -4,8 +4,10 @@
 //! The router and the OpenAPI document are built from the same `routes!` calls, so the
 //! document cannot list a route the service does not serve, or miss one it does.
 
+mod access;
 pub mod extract;
 mod health;
+pub mod openapi;
 pub mod reservations;
 mod vouchers;
 
@@ -97,6 +99,7 @@ pub fn api_router(
     state: AppState,
     metrics: Arc<Metrics>,
     max_body_bytes: usize,
+    access_log: bool,
 ) -> (Router, OpenApiDoc) {
     let (router, doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(vouchers::create_voucher))
@@ -111,7 +114,7 @@ pub fn api_router(
         .routes(routes!(health::readyz))
         .with_state(state)
         .split_for_parts();
-    let served_doc = doc.clone();
+    let served_doc = openapi::complete(&doc);
     let router = router
         .route(
             "/openapi.json",
@@ -123,7 +126,9 @@ pub fn api_router(
         .layer(Extension(extract::BodyLimit(max_body_bytes)))
         .layer(middleware::from_fn_with_state(metrics, metrics::track))
         .layer(middleware::from_fn(log_failures))
-        .layer(tower_http::trace::TraceLayer::new_for_http());
+        .layer(middleware::from_fn(move |request, next| {
+            access::track(access::AccessLog(access_log), request, next)
+        }));
     (router, doc)
 }
 
@@ -148,8 +153,8 @@ pub async fn log_failures(request: Request, next: Next) -> Response {
 }
 
 /// The router of the metrics listener.
-pub fn metrics_router(metrics: Arc<Metrics>) -> Router {
+pub fn metrics_router(scrape: metrics::Scrape) -> Router {
     Router::new()
         .route("/metrics", get(metrics::serve))
-        .with_state(metrics)
+        .with_state(scrape)
 }
