@@ -2,10 +2,16 @@
 // on the client side), then confirms (payment succeeded) or releases (cancelled).
 //
 //   RATE=200 DURATION=30s CONFIRM_RATIO=0.7 RETRY_RATIO=0.1 k6 run loadtest/k6/checkout-mix.js
+//
+// Fails on more than MAX_503_SHARE answers 503, on a confirm or release that does not
+// succeed after its retries (each after the answer's Retry-After), and on counts that do
+// not add up at the end (usedCount = reserved + confirmed, never over the limit).
 import http from 'k6/http';
 import exec from 'k6/execution';
 import { check } from 'k6';
-import { BASE_URL, P99_MS, createVoucher, reserve, summaries, summaryTrendStats, voucherState } from './lib.js';
+import {
+  BASE_URL, MAX_503_SHARE, P99_MS, createVoucher, reserve, runId, summaries, summaryTrendStats, voucherState, withRetries,
+} from './lib.js';
 
 const RATE = Number(__ENV.RATE || 100);
 const CONFIRM_RATIO = Number(__ENV.CONFIRM_RATIO || 0.7);
@@ -25,6 +31,7 @@ export const options = {
   },
   thresholds: {
     voucher_unexpected: ['rate<0.001'],
+    voucher_unavailable: [`rate<=${MAX_503_SHARE}`],
     checks: ['rate>0.999'],
     'http_req_duration{name:reserve}': [`p(99)<${P99_MS}`],
     // Flash confirm and release may wait for the consumer to write the row.
@@ -35,13 +42,14 @@ export const options = {
 
 export function setup() {
   // Plenty of uses, few per customer: the mix exercises every call, not the sell-out.
-  return { code: createVoucher('K6M', Number(__ENV.LIMIT || 1000000), 2, __ENV.MODE || 'flash') };
+  return { code: createVoucher('K6M', Number(__ENV.LIMIT || 1000000), 2, __ENV.MODE || 'flash'), run: runId() };
 }
 
 export default function (data) {
   const i = exec.scenario.iterationInTest;
-  const customer = `mix-c${i % 5000}`;
-  const order = `${data.code}-m${i}`;
+  // This run's id in both: a second run on the same CODE is new customers and orders.
+  const customer = `mix-${data.run}-c${i % 5000}`;
+  const order = `${data.run}-m${i}`;
   const first = reserve(data.code, customer, order);
   if (first.status !== 201) {
     return;
@@ -52,22 +60,22 @@ export default function (data) {
   }
   const url = `${BASE_URL}/vouchers/${data.code}/reservations/${order}`;
   // Flash reservations reach PostgreSQL through the consumer; the core waits for it, and
-  // answers 503 if it takes too long: retry then, as a checkout would.
+  // answers 503 if it takes too long: retry then, after its Retry-After, as a checkout would.
   const confirm = Math.random() < CONFIRM_RATIO;
-  for (let attempt = 0; attempt < 5; attempt++) {
-    const res = confirm
+  const res = withRetries(() =>
+    confirm
       ? http.post(`${url}/confirm`, null, { tags: { name: 'confirm' }, responseCallback: http.expectedStatuses(200, 503) })
-      : http.del(url, null, { tags: { name: 'release' }, responseCallback: http.expectedStatuses(200, 503) });
-    if (res.status !== 503) {
-      check(res, { 'confirm or release succeeds': (r) => r.status === 200 });
-      return;
-    }
-  }
+      : http.del(url, null, { tags: { name: 'release' }, responseCallback: http.expectedStatuses(200, 503) }),
+  );
+  check(res, { 'confirm or release succeeds': (r) => r.status === 200 });
 }
 
 export function teardown(data) {
   const v = voucherState(data.code);
-  console.log(`voucher ${data.code}: reserved ${v && v.reserved}, confirmed ${v && v.confirmed}, usedCount ${v && v.usedCount}`);
+  if (!v || v.usedCount > v.totalLimit || v.usedCount !== v.reserved + v.confirmed) {
+    throw new Error(`inconsistent counts: ${JSON.stringify(v)}`);
+  }
+  console.log(`voucher ${data.code}: reserved ${v.reserved}, confirmed ${v.confirmed}, usedCount ${v.usedCount} (run ${data.run})`);
 }
 
 export function handleSummary(data) {

@@ -9,7 +9,13 @@
 //   SUMMARY_JSON where to write the summary as JSON too (for CI), beside the text on stdout
 //   MAX_DROPPED_SHARE  share of planned requests k6 itself may fail to start (default 0.01;
 //                CI's smoke, sharing two cores with other tests, raises it)
+//   MAX_503_SHARE  share of answers that may be 503 (default 0.01): a sale where the
+//                service is down fails, it does not pass on "expected" 503s
+//   RETRIES      retries of a 503 or 429, each after its Retry-After (default 2)
+//   RUN_ID       tells this run's orderIds and customers from earlier runs' (default: made
+//                up at start), so a second run on the same CODE is a new crowd, not replays
 import http from 'k6/http';
+import { check, sleep } from 'k6';
 import { Counter, Rate, Trend } from 'k6/metrics';
 
 export const BASE_URL = __ENV.BASE_URL || 'http://127.0.0.1:8080';
@@ -31,6 +37,20 @@ const otherRejections = new Counter('voucher_rejected_other');
 export const unexpected = new Rate('voucher_unexpected');
 export const acceptedLatency = new Trend('voucher_accepted_duration', true);
 export const rejectedLatency = new Trend('voucher_rejected_duration', true);
+// Every answer, 503 or not (retried ones included): the share of 503s has a threshold.
+export const unavailable = new Rate('voucher_unavailable');
+// Set by the teardown of a sale: 1 when the stock sold out exactly (usedCount equals the
+// limit, and this run's 201s are the uses it took), 0 otherwise; a threshold wants 1.
+export const soldOutExactly = new Rate('voucher_sold_out_exactly');
+
+export const MAX_RETRIES = Number(__ENV.RETRIES || 2);
+// Longest wait a Retry-After may impose on a VU (seconds).
+const MAX_RETRY_WAIT = 5;
+
+/** An id of this run: a prefix of every orderId and customerId it sends. */
+export function runId() {
+  return __ENV.RUN_ID || `${Date.now().toString(36)}${Math.floor(Math.random() * 1e6).toString(36)}`;
+}
 
 /** Creates a voucher valid for a day (unless CODE is set) and returns its code. */
 export function createVoucher(prefix, totalLimit, perUserLimit, mode) {
@@ -58,12 +78,32 @@ export function createVoucher(prefix, totalLimit, perUserLimit, mode) {
   return code;
 }
 
-/** One reservation; counts its outcome. Returns the response. */
+/**
+ * A call that retries 503 and 429 as a client should: after the answer's Retry-After
+ * (seconds), the same request again (the orderId makes a reservation safe to repeat), at
+ * most MAX_RETRIES times. Each retry records a check: that the answer said when to retry.
+ */
+export function withRetries(send) {
+  let res = send();
+  unavailable.add(res.status === 503);
+  for (let attempt = 0; attempt < MAX_RETRIES && (res.status === 503 || res.status === 429); attempt++) {
+    const after = Number(res.headers['Retry-After']);
+    check(res, { [`${res.status} says when to retry (Retry-After)`]: () => Number.isFinite(after) && after >= 0 });
+    sleep(Math.min(Number.isFinite(after) ? after : 1, MAX_RETRY_WAIT));
+    res = send();
+    unavailable.add(res.status === 503);
+  }
+  return res;
+}
+
+/** One reservation (retried after a 503 as above); counts its final outcome. */
 export function reserve(code, customerId, orderId, expectedCodes) {
-  const res = http.post(
-    `${BASE_URL}/vouchers/${code}/reservations`,
-    JSON.stringify({ customerId, orderId, orderAmount: 250000 }),
-    { headers: JSON_HEADERS, tags: { name: 'reserve' }, responseCallback: http.expectedStatuses(201, 409, 422, 503) },
+  const res = withRetries(() =>
+    http.post(
+      `${BASE_URL}/vouchers/${code}/reservations`,
+      JSON.stringify({ customerId, orderId, orderAmount: 250000 }),
+      { headers: JSON_HEADERS, tags: { name: 'reserve' }, responseCallback: http.expectedStatuses(201, 409, 422, 503) },
+    ),
   );
   if (res.status === 201) {
     if (res.headers['Idempotent-Replayed'] === 'true') {
@@ -98,6 +138,22 @@ function count(data, name) {
   return m ? m.values.count : 0;
 }
 
+function rate(data, name) {
+  const m = data.metrics[name];
+  return m ? (m.values.rate * 100).toFixed(2) + '%' : '-';
+}
+
+function checks(data) {
+  const m = data.metrics.checks;
+  return m ? `${m.values.passes} passed, ${m.values.fails} failed` : 'none';
+}
+
+function soldOut(data) {
+  const m = data.metrics.voucher_sold_out_exactly;
+  if (!m) return 'not checked';
+  return m.values.rate === 1 ? 'yes' : 'NO';
+}
+
 function trend(data, name, stat) {
   const m = data.metrics[name];
   return m && m.values[stat] !== undefined ? m.values[stat].toFixed(1) : '-';
@@ -117,6 +173,9 @@ export function summary(data) {
     `NOT_ELIGIBLE         ${count(data, 'voucher_rejected_not_eligible')}`,
     `SERVICE_UNAVAILABLE  ${count(data, 'voucher_rejected_unavailable')}`,
     `other rejections     ${count(data, 'voucher_rejected_other')}`,
+    `503 share            ${rate(data, 'voucher_unavailable')} of all answers (retries included)`,
+    `sold out exactly     ${soldOut(data)}`,
+    `checks               ${checks(data)}`,
     `accepted latency ms  p50 ${trend(data, 'voucher_accepted_duration', 'med')}  p99 ${trend(data, 'voucher_accepted_duration', 'p(99)')}  max ${trend(data, 'voucher_accepted_duration', 'max')}`,
     `rejected latency ms  p50 ${trend(data, 'voucher_rejected_duration', 'med')}  p99 ${trend(data, 'voucher_rejected_duration', 'p(99)')}  max ${trend(data, 'voucher_rejected_duration', 'max')}`,
   ];
@@ -159,6 +218,9 @@ export function summaryJson(data) {
       SERVICE_UNAVAILABLE: count(data, 'voucher_rejected_unavailable'),
       other: count(data, 'voucher_rejected_other'),
     },
+    unavailableShare: data.metrics.voucher_unavailable ? data.metrics.voucher_unavailable.values.rate : null,
+    soldOutExactly: data.metrics.voucher_sold_out_exactly ? data.metrics.voucher_sold_out_exactly.values.rate === 1 : null,
+    checks: data.metrics.checks ? { passed: data.metrics.checks.values.passes, failed: data.metrics.checks.values.fails } : null,
     acceptedLatencyMs: latency('voucher_accepted_duration'),
     rejectedLatencyMs: latency('voucher_rejected_duration'),
     thresholdsFailed: Object.entries(data.metrics)
@@ -181,9 +243,13 @@ function seconds(duration) {
 /** The latency threshold (p99, ms): 100 by default, P99_MS to change it. */
 export const P99_MS = Number(__ENV.P99_MS || 100);
 
+/** The share of 503 answers a run may see (MAX_503_SHARE, default 1%). */
+export const MAX_503_SHARE = Number(__ENV.MAX_503_SHARE || 0.01);
+
 /**
  * Options of a one-voucher sale at a constant arrival rate (RATE/s for DURATION), with
- * thresholds: no unexpected answer, p99 under P99_MS for accepted and rejected requests.
+ * thresholds: the stock sells out exactly, no unexpected answer, 503s under
+ * MAX_503_SHARE, p99 under P99_MS for accepted and rejected requests.
  */
 export function saleOptions(defaultRate, defaultVus, defaultMaxVus) {
   const rate = Number(__ENV.RATE || defaultRate);
@@ -203,7 +269,10 @@ export function saleOptions(defaultRate, defaultVus, defaultMaxVus) {
       },
     },
     thresholds: {
+      voucher_sold_out_exactly: ['rate==1'],
       voucher_unexpected: ['rate<0.001'],
+      voucher_unavailable: [`rate<=${MAX_503_SHARE}`],
+      checks: ['rate==1'],
       voucher_rejected_duration: [`p(99)<${P99_MS}`],
       voucher_accepted_duration: [`p(99)<${P99_MS}`],
       // Iterations k6 could not start in time: a generator short of VUs or CPU, not an
@@ -213,16 +282,44 @@ export function saleOptions(defaultRate, defaultVus, defaultMaxVus) {
   };
 }
 
-/** One customer's reservation in a sale; iteration numbers make customers and orders unique. */
-export function saleIteration(data, iteration) {
-  reserve(data.code, `k6-c${iteration}`, `${data.code}-o${iteration}`);
+/**
+ * setup() of a sale: the voucher (made, or CODE), this run's id, and the uses it had
+ * before the run (a CODE may have sold some already).
+ */
+export function saleSetup(prefix, defaultLimit, mode) {
+  const code = createVoucher(prefix, Number(__ENV.LIMIT || defaultLimit), 1, mode);
+  const before = voucherState(code);
+  if (!before) {
+    throw new Error(`voucher ${code} cannot be read at ${BASE_URL}`);
+  }
+  return { code, run: runId(), usedBefore: before.usedCount };
 }
 
-/** Reads the voucher at the end: usedCount over the limit fails the run. */
+/**
+ * One customer's reservation in a sale: this run's id and the iteration number make the
+ * customer and the orderId unique, across runs too.
+ */
+export function saleIteration(data, iteration) {
+  reserve(data.code, `k6-${data.run}-c${iteration}`, `${data.run}-o${iteration}`);
+}
+
+/**
+ * Reads the voucher at the end. The sale passed only if its stock sold out exactly:
+ * usedCount equals the limit (over it is an oversell and throws). The threshold on
+ * voucher_sold_out_exactly turns a sale that left stock unsold (a gate down, a broker
+ * stalled) into a failed run.
+ */
 export function saleTeardown(data) {
   const v = voucherState(data.code);
   if (v && v.usedCount > v.totalLimit) {
+    soldOutExactly.add(false);
     throw new Error(`OVERSOLD: ${v.usedCount} uses of ${v.totalLimit}`);
   }
-  console.log(`voucher ${data.code}: usedCount ${v && v.usedCount} of ${v && v.totalLimit}`);
+  const exactly = !!v && v.usedCount === v.totalLimit;
+  soldOutExactly.add(exactly);
+  console.log(
+    `voucher ${data.code}: usedCount ${v && v.usedCount} of ${v && v.totalLimit} ` +
+      `(${v ? v.usedCount - data.usedBefore : '?'} taken by run ${data.run})` +
+      (exactly ? '' : ': NOT SOLD OUT'),
+  );
 }

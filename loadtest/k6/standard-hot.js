@@ -4,12 +4,12 @@
 //
 //   RATE=300 DURATION=10s k6 run loadtest/k6/standard-hot.js
 import exec from 'k6/execution';
-import { createVoucher, saleIteration, saleOptions, saleTeardown, summaries } from './lib.js';
+import { saleSetup, saleIteration, saleOptions, saleTeardown, summaries } from './lib.js';
 
 export const options = saleOptions(300, 100, 500);
 
 export function setup() {
-  return { code: createVoucher('K6S', Number(__ENV.LIMIT || 1000), 1, 'standard') };
+  return saleSetup('K6S', 1000, 'standard');
 }
 
 export default function (data) {
