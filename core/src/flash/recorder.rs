@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, Mutex};
 
+use super::gate::Generation;
 use crate::domain::Reservation;
 use crate::error::Error;
 use crate::store::Store;
@@ -24,10 +25,15 @@ pub enum Recorded {
     /// Refused by the constraint named: the gate let through what the database will not
     /// hold (a stale gate, or an orderId taken elsewhere).
     Refused(String),
+    /// Not written: the gate that decided it was replaced by a newer load meanwhile (see
+    /// `Store::record_decided`). Nothing is held for it in PostgreSQL.
+    Superseded,
 }
 
 struct Job {
     reservation: Reservation,
+    /// The generation of the gate that decided it.
+    generation: Generation,
     answer: oneshot::Sender<Result<Recorded>>,
 }
 
@@ -52,11 +58,16 @@ impl Recorder {
     /// Records `reservation` and waits for PostgreSQL's answer. An error means the outcome
     /// is unknown (the transaction may have committed): the use stays held and a retry of
     /// the same order records again, which is a no-op if it did commit.
-    pub async fn record(&self, reservation: Reservation) -> Result<Recorded> {
+    pub async fn record(
+        &self,
+        reservation: Reservation,
+        generation: Generation,
+    ) -> Result<Recorded> {
         let (answer, answered) = oneshot::channel();
         self.queue
             .send(Job {
                 reservation,
+                generation,
                 answer,
             })
             .await
@@ -77,16 +88,22 @@ async fn work(store: Store, jobs: Arc<Mutex<mpsc::Receiver<Job>>>, batch_max: us
                 return;
             }
         }
+        let generations: Vec<i64> = batch.iter().map(|job| job.generation.0).collect();
         let (reservations, answers): (Vec<Reservation>, Vec<_>) = batch
             .into_iter()
             .map(|job| (job.reservation, job.answer))
             .unzip();
-        match store.record_decided(&reservations).await {
+        match store.record_decided(&reservations, &generations).await {
             Ok(result) => {
                 let mut outcomes = vec![Recorded::Stored; answers.len()];
                 for (i, reason) in result.refused {
                     if let Some(outcome) = outcomes.get_mut(i) {
                         *outcome = Recorded::Refused(reason);
+                    }
+                }
+                for i in result.stale {
+                    if let Some(outcome) = outcomes.get_mut(i) {
+                        *outcome = Recorded::Superseded;
                     }
                 }
                 for (answer, outcome) in answers.into_iter().zip(outcomes) {

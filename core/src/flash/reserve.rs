@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::events::publisher::PublishError;
 use super::events::ReservedEvent;
-use super::gate::{GateDecision, GiveBack, MarkAlso, OrderRecord, RecordState};
+use super::gate::{GateDecision, Generation, GiveBack, MarkAlso, OrderRecord, RecordState};
 use super::recorder::{Recorded, Recorder};
 use super::FlashPath;
 use crate::domain::{Reservation, ReservationRequest, Voucher};
@@ -30,8 +30,10 @@ impl FlashPath {
                     self.trigger_rebuild(voucher.clone());
                     return Err(Error::unavailable("voucher gate (rebuilding)"));
                 }
-                GateDecision::Reserved(record) => return self.publish_new(request, record).await,
-                GateDecision::Exists(record) => {
+                GateDecision::Reserved(record, generation) => {
+                    return self.publish_new(request, record, generation).await
+                }
+                GateDecision::Exists(record, generation) => {
                     if !record.is_retry_by(&request.customer_id, request.order_amount) {
                         return Err(Error::OrderIdConflict);
                     }
@@ -40,7 +42,7 @@ impl FlashPath {
                             record.reservation(&request.voucher_code, &request.order_id)?;
                         return Ok(ReserveOutcome::Retried(stored));
                     }
-                    match self.republish(request, record).await? {
+                    match self.republish(request, record, generation).await? {
                         Some(outcome) => return Ok(outcome),
                         None => continue,
                     }
@@ -74,6 +76,7 @@ impl FlashPath {
         &self,
         request: &ReservationRequest,
         record: OrderRecord,
+        generation: Generation,
     ) -> Result<ReserveOutcome> {
         // One orderId, one voucher: the gate's records are per voucher, so a global claim
         // catches the same orderId on two flash vouchers.
@@ -88,7 +91,9 @@ impl FlashPath {
             Err(e) => return self.undo(request, &record, e).await,
         }
         if let Some(recorder) = &self.inner.recorder {
-            let reservation = self.decided_by_database(recorder, request, record).await?;
+            let reservation = self
+                .decided_by_database(recorder, request, record, generation)
+                .await?;
             return Ok(ReserveOutcome::Reserved(reservation));
         }
         match self.publish(request, &record).await {
@@ -133,6 +138,7 @@ impl FlashPath {
         &self,
         request: &ReservationRequest,
         record: OrderRecord,
+        generation: Generation,
     ) -> Result<Option<ReserveOutcome>> {
         let (code, order_id) = (&request.voucher_code, &request.order_id);
         let gate = &self.inner.gate;
@@ -164,7 +170,9 @@ impl FlashPath {
             return Err(Error::OrderIdConflict);
         }
         if let Some(recorder) = &self.inner.recorder {
-            let reservation = self.decided_by_database(recorder, request, record).await?;
+            let reservation = self
+                .decided_by_database(recorder, request, record, generation)
+                .await?;
             return Ok(Some(ReserveOutcome::Retried(reservation)));
         }
         match self.publish(request, &record).await {
@@ -190,8 +198,10 @@ impl FlashPath {
         recorder: &Recorder,
         request: &ReservationRequest,
         record: OrderRecord,
+        generation: Generation,
     ) -> Result<Reservation> {
-        self.record_in_database(recorder, request, &record).await?;
+        self.record_in_database(recorder, request, &record, generation)
+            .await?;
         let reservation = self
             .acknowledged(request, record.clone(), MarkAlso::Settle)
             .await?;
@@ -204,16 +214,32 @@ impl FlashPath {
         recorder: &Recorder,
         request: &ReservationRequest,
         record: &OrderRecord,
+        generation: Generation,
     ) -> Result<()> {
         let reservation = record.reservation(&request.voucher_code, &request.order_id)?;
         let started = Instant::now();
-        let recorded = recorder.record(reservation).await;
+        let recorded = recorder.record(reservation, generation).await;
         self.inner
             .metrics
             .record_duration
             .observe(started.elapsed().as_secs_f64());
         match recorded? {
             Recorded::Stored => Ok(()),
+            // The gate that decided it was replaced while it waited to be written: nothing
+            // is held in PostgreSQL, and the new gate never counted it. This record (and
+            // only this attempt's: a retry may have one in the new gate) goes; the client
+            // retries, and the new gate decides.
+            Recorded::Superseded => {
+                self.undo(
+                    request,
+                    record,
+                    Error::unavailable("voucher gate (reloaded while recording)"),
+                )
+                .await?;
+                Err(Error::unavailable(
+                    "voucher gate (reloaded while recording)",
+                ))
+            }
             Recorded::Refused(reason) => {
                 tracing::warn!(
                     code = %request.voucher_code,

@@ -14,11 +14,25 @@ use crate::domain::Reservation;
 use crate::Result;
 
 impl super::Store {
-    /// Records a batch of RESERVED reservations on a connection of the pool, in one
-    /// transaction when nothing is refused (see [`record_reserved`]).
-    pub async fn record_decided(&self, batch: &[Reservation]) -> Result<BatchResult> {
+    /// Records a batch of RESERVED reservations the gate decided, on a connection of the
+    /// pool, in one transaction when nothing is refused (see [`record_reserved`]).
+    ///
+    /// `generations[i]` is the generation of the gate that decided `batch[i]` (0: none
+    /// known). The fence: a row is written only while that generation is still the
+    /// voucher's latest in `gate_generations`, checked under a share lock on that row in
+    /// the same statement. A rebuild takes the next generation by updating the row, which
+    /// waits for those locks, and reads PostgreSQL only after: so every use an old gate
+    /// decided is either committed before the new gate's read (and in it), or refused as
+    /// stale (`BatchResult::stale`, a 503 whose retry the new gate decides). Without it, a
+    /// commit held up across a rebuild landed behind the read: a 201 the new gate did not
+    /// know.
+    pub async fn record_decided(
+        &self,
+        batch: &[Reservation],
+        generations: &[i64],
+    ) -> Result<BatchResult> {
         let mut conn = self.pool.acquire().await?;
-        record_reserved(&mut conn, batch, None).await
+        record_reserved(&mut conn, batch, generations, None).await
     }
 }
 
@@ -31,6 +45,9 @@ pub struct BatchResult {
     pub duplicates: usize,
     /// Reservations the database refuses (by index in the batch, with the reason).
     pub refused: Vec<(usize, String)>,
+    /// Reservations not written because the gate that decided them is no longer the
+    /// voucher's latest (by index in the batch; see [`super::Store::record_decided`]).
+    pub stale: Vec<usize>,
     /// Transactions spent, for the "far fewer transactions than uses" figure.
     pub transactions: usize,
     /// Whether the partition's next offset was stored with the rows.
@@ -66,18 +83,61 @@ fn refusal(e: &sqlx::Error) -> Option<String> {
 /// something the gate let through), the batch is replayed one reservation per transaction,
 /// so that only the refused ones are set aside; the offset is then the caller's to store.
 #[tracing::instrument(name = "db.record_reserved", skip_all, fields(events = batch.len()))]
+///
+/// `generations` fences the rows (see [`super::Store::record_decided`]); empty for the
+/// event writers, whose events need no fence.
 pub(super) async fn record_reserved(
     conn: &mut PgConnection,
     batch: &[Reservation],
+    generations: &[i64],
     advance: Option<Advance<'_>>,
 ) -> Result<BatchResult> {
-    match record_batch(conn, batch, advance).await {
+    let fence = Fence::new(batch, generations);
+    match record_batch(conn, batch, &fence, advance).await {
         Ok(result) => Ok(result),
         Err(e) if refusal(&e).is_some() => {
             tracing::warn!(error = %e, "batch refused; recording its reservations one by one");
-            record_one_by_one(conn, batch).await
+            record_one_by_one(conn, batch, &fence).await
         }
         Err(e) => Err(e.into()),
+    }
+}
+
+/// The gate generation each reservation of a batch was decided under (0: unfenced).
+struct Fence {
+    generations: Vec<i64>,
+}
+
+impl Fence {
+    fn new(batch: &[Reservation], generations: &[i64]) -> Self {
+        let generations = (0..batch.len())
+            .map(|i| generations.get(i).copied().unwrap_or(0))
+            .collect();
+        Self { generations }
+    }
+
+    /// The vouchers whose `gate_generations` row must be share-locked and compared.
+    fn codes<'a>(&self, batch: &'a [Reservation]) -> Vec<&'a str> {
+        let mut codes: Vec<&str> = batch
+            .iter()
+            .zip(&self.generations)
+            .filter(|(_, g)| **g != 0)
+            .map(|(r, _)| r.voucher_code.as_str())
+            .collect();
+        codes.sort_unstable();
+        codes.dedup();
+        codes
+    }
+
+    /// Indexes of the reservations whose generation is not the voucher's latest.
+    fn stale(&self, batch: &[Reservation], latest: &HashMap<String, i64>) -> Vec<usize> {
+        batch
+            .iter()
+            .zip(&self.generations)
+            .enumerate()
+            .filter(|(_, (r, g))| **g != 0 && latest.get(r.voucher_code.as_str()) != Some(*g))
+            .map(|(i, _)| i)
+            .collect()
     }
 }
 
@@ -90,57 +150,91 @@ pub(super) async fn record_reserved(
 async fn record_batch(
     conn: &mut PgConnection,
     batch: &[Reservation],
+    fence: &Fence,
     advance: Option<Advance<'_>>,
 ) -> Result<BatchResult, sqlx::Error> {
     let Some(advance) = advance else {
-        let inserted = insert_and_count(&mut *conn, batch).await?;
-        let fresh: HashSet<&str> = inserted.iter().map(String::as_str).collect();
+        let written = insert_and_count(&mut *conn, batch, fence).await?;
+        let fresh: HashSet<&str> = written.inserted.iter().map(String::as_str).collect();
+        let stale = fence.stale(batch, &written.latest);
         // Rows never change voucher or customer: reading them after the commit is safe.
-        let refused = if inserted.len() == batch.len() {
-            vec![]
+        let (refused, stale) = if written.inserted.len() == batch.len() {
+            (vec![], vec![])
         } else {
             let mut tx = conn.begin().await?;
             by_index(&mut tx).await?;
-            let refused = classify_existing(&mut tx, batch, &fresh).await?;
+            let settled = classify(&mut tx, batch, &fresh, &stale).await?;
             tx.commit().await?;
-            refused
+            settled
         };
         return Ok(BatchResult {
-            inserted: inserted.len(),
-            duplicates: batch.len() - inserted.len() - refused.len(),
+            inserted: written.inserted.len(),
+            duplicates: batch.len() - written.inserted.len() - refused.len() - stale.len(),
             refused,
+            stale,
             transactions: 1,
             offset_stored: false,
         });
     };
     let mut tx = conn.begin().await?;
     by_index(&mut tx).await?;
-    let inserted = insert_and_count(&mut tx, batch).await?;
-    let fresh: HashSet<&str> = inserted.iter().map(String::as_str).collect();
-    let refused = classify_existing(&mut tx, batch, &fresh).await?;
-    let offset_stored = refused.is_empty();
+    let written = insert_and_count(&mut tx, batch, fence).await?;
+    let fresh: HashSet<&str> = written.inserted.iter().map(String::as_str).collect();
+    let stale = fence.stale(batch, &written.latest);
+    let (refused, stale) = classify(&mut tx, batch, &fresh, &stale).await?;
+    let offset_stored = refused.is_empty() && stale.is_empty();
     if offset_stored {
         store_offset(&mut tx, advance.key, advance.next_offset, advance.owner).await?;
     }
     tx.commit().await?;
     Ok(BatchResult {
-        inserted: inserted.len(),
-        duplicates: batch.len() - inserted.len() - refused.len(),
+        inserted: written.inserted.len(),
+        duplicates: batch.len() - written.inserted.len() - refused.len() - stale.len(),
         refused,
+        stale,
         transactions: 1,
         offset_stored,
     })
 }
 
-async fn record_one_by_one(conn: &mut PgConnection, batch: &[Reservation]) -> Result<BatchResult> {
+/// Of the reservations not inserted: the stale ones whose row another attempt stored
+/// (a retry the new gate decided) are repeats; the others stay stale; the rest are
+/// repeats or refused by [`classify_existing`].
+async fn classify(
+    conn: &mut PgConnection,
+    batch: &[Reservation],
+    fresh: &HashSet<&str>,
+    stale: &[usize],
+) -> Result<(Vec<(usize, String)>, Vec<usize>), sqlx::Error> {
+    let conflicts = classify_existing(conn, batch, fresh).await?;
+    // A stale reservation has no row of its own: classify_existing calls it a conflict
+    // unless a row of the same order, voucher and customer exists.
+    let still_stale: Vec<usize> = stale
+        .iter()
+        .copied()
+        .filter(|i| conflicts.iter().any(|(c, _)| c == i))
+        .collect();
+    let refused = conflicts
+        .into_iter()
+        .filter(|(i, _)| !stale.contains(i))
+        .collect();
+    Ok((refused, still_stale))
+}
+
+async fn record_one_by_one(
+    conn: &mut PgConnection,
+    batch: &[Reservation],
+    fence: &Fence,
+) -> Result<BatchResult> {
     let mut result = BatchResult::default();
     let mut duplicates = vec![];
     for (i, reservation) in batch.iter().enumerate() {
         result.transactions += 1;
-        match record_single(conn, reservation).await? {
+        match record_single(conn, reservation, fence.generations[i]).await? {
             Single::Inserted => result.inserted += 1,
             Single::Duplicate => duplicates.push(i),
             Single::Refused(reason) => result.refused.push((i, reason)),
+            Single::Stale => result.stale.push(i),
         }
     }
     // A "duplicate" whose stored row is another reservation's is refused.
@@ -155,9 +249,24 @@ async fn record_one_by_one(conn: &mut PgConnection, batch: &[Reservation]) -> Re
     Ok(result)
 }
 
-/// One reservation in its own transaction.
-async fn record_single(conn: &mut PgConnection, r: &Reservation) -> Result<Single> {
+/// One reservation in its own transaction (fenced by `generation` unless 0).
+async fn record_single(
+    conn: &mut PgConnection,
+    r: &Reservation,
+    generation: i64,
+) -> Result<Single> {
     let mut tx = conn.begin().await?;
+    if generation != 0 {
+        let latest: Option<i64> = sqlx::query_scalar(
+            "SELECT generation FROM gate_generations WHERE voucher_code = $1 FOR SHARE",
+        )
+        .bind(r.voucher_code.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
+        if latest != Some(generation) {
+            return Ok(Single::Stale);
+        }
+    }
     let insert = sqlx::query(
         "INSERT INTO redemptions (voucher_code, customer_id, order_id, order_amount,
                                   discount_amount, reserved_at, expires_at)
@@ -202,6 +311,7 @@ enum Single {
     Inserted,
     Duplicate,
     Refused(String),
+    Stale,
 }
 
 /// Makes the rest of the transaction look rows up by their indexes whatever the planner's
@@ -221,15 +331,32 @@ pub(super) async fn by_index(conn: &mut PgConnection) -> Result<(), sqlx::Error>
 /// statement's row locks itself: a batch spanning several vouchers can deadlock with
 /// another writer's, and one of the two then fails (40P01, a 503 for the recorder's
 /// clients, whose retries record again; a writer retries its batch).
+///
+/// The fence (see [`super::Store::record_decided`]) is in the same statement: the
+/// `gate_generations` rows of the fenced vouchers are share-locked and read (a rebuild
+/// taking the next generation waits for this transaction), and a fenced reservation is
+/// inserted only if its generation is the one read. Returns what was read too.
 async fn insert_and_count(
     conn: &mut PgConnection,
     batch: &[Reservation],
-) -> Result<Vec<String>, sqlx::Error> {
+    fence: &Fence,
+) -> Result<Written, sqlx::Error> {
     let text = |f: fn(&Reservation) -> &str| batch.iter().map(f).collect::<Vec<_>>();
-    sqlx::query_scalar(
-        "WITH input AS (
-             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[],
-                                  $6::timestamptz[], $7::timestamptz[])
+    let rows: Vec<(String, Option<i64>)> = sqlx::query_as(
+        "WITH fence AS (
+             SELECT voucher_code, generation FROM gate_generations
+             WHERE voucher_code = ANY($9::text[])
+             FOR SHARE
+         ),
+         input AS (
+             SELECT u.voucher_code, u.customer_id, u.order_id, u.order_amount,
+                    u.discount_amount, u.reserved_at, u.expires_at
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[],
+                         $6::timestamptz[], $7::timestamptz[], $8::int8[])
+                  AS u(voucher_code, customer_id, order_id, order_amount, discount_amount,
+                       reserved_at, expires_at, generation)
+             LEFT JOIN fence f ON f.voucher_code = u.voucher_code
+             WHERE u.generation = 0 OR f.generation = u.generation
          ),
          inserted AS (
              INSERT INTO redemptions (voucher_code, customer_id, order_id, order_amount,
@@ -254,7 +381,9 @@ async fn insert_and_count(
                    GROUP BY voucher_code) n
              WHERE v.code = n.voucher_code
          )
-         SELECT order_id FROM inserted",
+         SELECT order_id, NULL::int8 FROM inserted
+         UNION ALL
+         SELECT voucher_code, generation FROM fence",
     )
     .bind(text(|r| r.voucher_code.as_str()))
     .bind(text(|r| r.customer_id.as_str()))
@@ -273,8 +402,28 @@ async fn insert_and_count(
     )
     .bind(batch.iter().map(|r| r.reserved_at).collect::<Vec<_>>())
     .bind(batch.iter().map(|r| r.expires_at).collect::<Vec<_>>())
+    .bind(&fence.generations)
+    .bind(fence.codes(batch))
     .fetch_all(conn)
-    .await
+    .await?;
+    let mut written = Written::default();
+    for (value, generation) in rows {
+        match generation {
+            Some(generation) => {
+                written.latest.insert(value, generation);
+            }
+            None => written.inserted.push(value),
+        }
+    }
+    Ok(written)
+}
+
+/// What [`insert_and_count`] did: the orderIds inserted, and the latest generation of
+/// each fenced voucher.
+#[derive(Default)]
+struct Written {
+    inserted: Vec<String>,
+    latest: HashMap<String, i64>,
 }
 
 /// Rows not inserted either repeat a stored reservation (a no-op) or carry an orderId that

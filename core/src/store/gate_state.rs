@@ -82,9 +82,13 @@ fn serialization_failure(e: &sqlx::Error) -> bool {
 }
 
 impl Store {
-    /// Starts reading `code`'s gate state, taking its next generation. Two reads of one
-    /// voucher at once are ordered by the generation row's lock; the one that waited is
-    /// retried with a fresh snapshot.
+    /// Starts reading `code`'s gate state, taking its next generation first, in a
+    /// transaction of its own: the update waits for every recorder transaction holding the
+    /// generation row share-locked (uses an older gate decided, being written; see
+    /// `record_decided`), and the read's snapshot, taken after it committed, sees each of
+    /// them. A use of an older gate that comes later finds a newer generation and is not
+    /// written. A later generation is always a later read; of two loads at once, the one
+    /// with the older generation cannot open (`load_from_database`).
     #[tracing::instrument(name = "db.read_gate", skip(self))]
     pub async fn read_gate(&self, code: &VoucherCode, total_limit: i32) -> Result<GateRead> {
         let mut attempt = 0;
@@ -102,10 +106,6 @@ impl Store {
         code: &VoucherCode,
         total_limit: i32,
     ) -> Result<Option<GateRead>, sqlx::Error> {
-        let mut tx = self.pool().begin().await?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            .execute(&mut *tx)
-            .await?;
         let generation: i64 = sqlx::query_scalar(
             "INSERT INTO gate_generations (voucher_code, generation) VALUES ($1, 1)
              ON CONFLICT (voucher_code)
@@ -113,8 +113,12 @@ impl Store {
              RETURNING generation",
         )
         .bind(code.as_str())
-        .fetch_one(&mut *tx)
+        .fetch_one(self.pool())
         .await?;
+        let mut tx = self.pool().begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .execute(&mut *tx)
+            .await?;
         let used: Option<i32> =
             sqlx::query_scalar("SELECT used_count FROM vouchers WHERE code = $1")
                 .bind(code.as_str())

@@ -830,3 +830,195 @@ async fn with_the_gate_gone_order_lists_come_from_postgresql() {
     .await;
     env.finish(&[a.accepted(), b.accepted()]).await;
 }
+
+/// With PostgreSQL deciding, a reservation whose commit is held up (the voucher's row
+/// locked, as by a slow disk or a long transaction) while the gate is lost and rebuilt:
+/// the rebuild must not read PostgreSQL before that commit is settled, or the new gate
+/// would not know the order — its holder's retry would then be refused (OUT_OF_STOCK) or
+/// take a second use. Whatever the first request got, its retry gets the same, and one
+/// use is held for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_commit_held_up_across_a_gate_rebuild_is_in_the_new_gate() {
+    use sqlx::Connection;
+
+    let env = FlashStack::builder()
+        .start_with(|s| s.flash.decision = Decision::Database)
+        .await;
+    let app = env.app();
+    app.given_voucher(flash_voucher("HELD", 1, 1)).await;
+    let code = VoucherCode::parse("HELD").expect("code");
+    eventually(
+        Duration::from_secs(30),
+        "the gate of HELD loaded",
+        || async { env.gate.remaining(&code).await.ok().flatten() },
+    )
+    .await;
+
+    // Hold the voucher's row: the recorder's transaction waits on it.
+    let mut blocker = sqlx::PgConnection::connect(&env.db.url)
+        .await
+        .expect("connection");
+    sqlx::query("BEGIN")
+        .execute(&mut blocker)
+        .await
+        .expect("begin");
+    sqlx::query("SELECT 1 FROM vouchers WHERE code = 'HELD' FOR UPDATE")
+        .execute(&mut blocker)
+        .await
+        .expect("row locked");
+    let held = tokio::spawn({
+        let api = voucher_testkit::helpers::ApiClient::new(app.api.base.clone());
+        async move { api.attempt("HELD", "holder", "held-1", 100_000).await }
+    });
+    eventually(
+        Duration::from_secs(10),
+        "the recorder to wait on the row",
+        || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+             AND datname = current_database()",
+            )
+            .fetch_one(&env.pool)
+            .await
+            .ok()?;
+            (waiting > 0).then_some(())
+        },
+    )
+    .await;
+
+    // The gate is lost and rebuilt meanwhile (an operator's reload, or Redis forgetting).
+    env.gate.unload(&code).await.expect("keys deleted");
+    let during = app.attempt("HELD", "other", "held-2", 100_000).await;
+    assert_eq!(
+        during.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the gate is rebuilding"
+    );
+    // Give the rebuild every chance to read PostgreSQL before the commit is let go.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    sqlx::query("COMMIT")
+        .execute(&mut blocker)
+        .await
+        .expect("row let go");
+    let first = held.await.expect("request ran");
+
+    eventually(
+        Duration::from_secs(30),
+        "the gate of HELD rebuilt",
+        || async { env.gate.remaining(&code).await.ok().flatten() },
+    )
+    .await;
+    // What the edges' order filter is made of: a holder missing from it would get the
+    // edge's OUT_OF_STOCK for its retry once the voucher is flagged sold out.
+    let listed = env
+        .gate
+        .order_ids(&code)
+        .await
+        .expect("redis")
+        .expect("the gate is loaded");
+    assert_eq!(
+        listed.contains(&"held-1".to_owned()),
+        first.status == StatusCode::CREATED,
+        "a 201 is in the new gate, anything else is not: {first:?}, gate has {listed:?}"
+    );
+    let retry = app.attempt("HELD", "holder", "held-1", 100_000).await;
+    let other = app.attempt("HELD", "other", "held-3", 100_000).await;
+    let mut accepted = Vec::new();
+    if first.status == StatusCode::CREATED {
+        assert_eq!(
+            retry.status,
+            StatusCode::CREATED,
+            "the holder's retry: {retry:?}"
+        );
+        assert_eq!(
+            other.status,
+            StatusCode::CONFLICT,
+            "one use, held: {other:?}"
+        );
+        accepted.push(first.accepted());
+    } else {
+        // Refused (503) before any row: the use is free for whoever comes.
+        assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
+        for attempt in [&retry, &other] {
+            if attempt.status == StatusCode::CREATED {
+                accepted.push(attempt.accepted());
+            }
+        }
+        assert_eq!(accepted.len(), 1, "one use, taken by one of them");
+    }
+    assert_eq!(env.rows("HELD").await, 1);
+    env.caught_up().await;
+    env.finish(&accepted).await;
+}
+
+/// The fence of `record_decided`, on PostgreSQL alone: a use decided by a gate whose
+/// generation is no longer the voucher's latest is not written (stale), unless its row is
+/// already there (then it is a repeat); uses without a generation are not fenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_use_decided_by_a_replaced_gate_is_not_written() {
+    use voucher_core::domain::{CustomerId, Money, OrderId, Reservation, ReservationStatus};
+
+    let env = FlashStack::start().await;
+    env.app().given_voucher(flash_voucher("FENCE", 10, 1)).await;
+    let code = VoucherCode::parse("FENCE").expect("code");
+    let store = Store::new(env.pool.clone());
+    let first = store.gate_generation(&code).await.expect("generation");
+    // A rebuild's read takes the next generation.
+    store
+        .read_gate(&code, 10)
+        .await
+        .expect("read")
+        .finish()
+        .await
+        .expect("finished");
+    let latest = store.gate_generation(&code).await.expect("generation");
+    assert!(latest > first, "{first} then {latest}");
+
+    let use_of = |order: &str, customer: &str| Reservation {
+        order_id: OrderId::parse(order).expect("order"),
+        voucher_code: code.clone(),
+        customer_id: CustomerId::parse(customer).expect("customer"),
+        order_amount: Money::positive("orderAmount", 200_000).expect("money"),
+        discount_amount: Money::positive("discountAmount", 100_000).expect("money"),
+        status: ReservationStatus::Reserved,
+        reserved_at: chrono::Utc::now(),
+        expires_at: chrono::Utc::now() + chrono::Duration::minutes(15),
+    };
+    let (current, old, unfenced) = (
+        use_of("fence-1", "c1"),
+        use_of("fence-2", "c2"),
+        use_of("fence-3", "c3"),
+    );
+    let result = store
+        .record_decided(
+            &[current.clone(), old.clone(), unfenced],
+            &[latest, latest - 1, 0],
+        )
+        .await
+        .expect("recorded");
+    assert_eq!(
+        (result.inserted, result.stale.clone()),
+        (2, vec![1]),
+        "{result:?}"
+    );
+    assert!(result.refused.is_empty(), "{result:?}");
+    // The current gate's use, written already, repeated by an attempt of the old gate: a
+    // repeat, not stale (its row holds the use).
+    let again = store
+        .record_decided(&[current.clone()], &[latest - 1])
+        .await
+        .expect("recorded");
+    assert_eq!((again.duplicates, again.stale.len()), (1, 0), "{again:?}");
+    assert_eq!(env.rows("FENCE").await, 2);
+    let used: i32 = sqlx::query_scalar("SELECT used_count FROM vouchers WHERE code = 'FENCE'")
+        .fetch_one(&env.pool)
+        .await
+        .expect("count");
+    assert_eq!(used, 2);
+    // The gate is not told of these rows: only the invariants of PostgreSQL are checked.
+    let report = voucher_testkit::invariants::check(&env.pool, &[])
+        .await
+        .expect("checked");
+    assert!(report.holds(), "{:?}", report.violations);
+    env.db.drop_db().await;
+}

@@ -16,15 +16,21 @@ use crate::config::RedisSettings;
 use crate::domain::{Ineligibility, OrderId, ReservationRequest, Voucher, VoucherCode};
 use crate::{Error, Result};
 
+/// The generation of the PostgreSQL read a gate was loaded from (`gate_generations`): a
+/// use this gate decides may be recorded only while it is still the voucher's latest, so
+/// that no row lands behind the read of a newer gate. 0: not known (no fence).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Generation(pub i64);
+
 /// What the reserve script decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GateDecision {
     /// The gate holds nothing for this voucher: rebuild it before deciding.
     NotLoaded,
     /// This orderId already has a record: answer from it.
-    Exists(OrderRecord),
+    Exists(OrderRecord, Generation),
     /// A use was taken; its record is Pending until the event is acknowledged.
-    Reserved(OrderRecord),
+    Reserved(OrderRecord, Generation),
     Refused(Refusal),
 }
 
@@ -309,10 +315,17 @@ impl Gate {
                 .ok_or_else(|| Error::corrupt("gate reply without record"))
                 .and_then(|r| OrderRecord::parse(r))
         };
+        let generation = || {
+            reply
+                .get(2)
+                .and_then(|g| g.parse().ok())
+                .map(Generation)
+                .ok_or_else(|| Error::corrupt("gate reply without generation"))
+        };
         Ok(match outcome {
             "NOT_LOADED" => GateDecision::NotLoaded,
-            "EXISTS" => GateDecision::Exists(record()?),
-            "RESERVED" => GateDecision::Reserved(record()?),
+            "EXISTS" => GateDecision::Exists(record()?, generation()?),
+            "RESERVED" => GateDecision::Reserved(record()?, generation()?),
             "NOT_STARTED" => GateDecision::Refused(Refusal::NotStarted),
             "EXPIRED" => GateDecision::Refused(Refusal::Expired),
             "BELOW_MIN_ORDER" => GateDecision::Refused(Refusal::BelowMinOrder),

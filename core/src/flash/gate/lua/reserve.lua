@@ -1,17 +1,19 @@
 -- Decides one reservation. All or nothing: either every write below happens or none.
 -- KEYS[1] meta, KEYS[2] remaining, KEYS[3] users, KEYS[4] orders, KEYS[5] unsettled
 -- ARGV[1] order id, ARGV[2] customer id, ARGV[3] order amount, ARGV[4] ttl (ms)
--- Returns {OUTCOME} or {OUTCOME, record}.
+-- Returns {OUTCOME}, or {OUTCOME, record, generation} for EXISTS and RESERVED: the
+-- generation of the PostgreSQL read this gate was loaded from, which a use recorded in
+-- PostgreSQL must still be the latest of (see store::record_decided).
 -- Time is Redis's own (TIME), never the caller's: every core decides the sale window and
 -- the TTL by the same clock, however far its own is off.
-local meta = redis.call('HMGET', KEYS[1], 'per_user_limit', 'starts_ms', 'ends_ms', 'min_order', 'discount')
+local meta = redis.call('HMGET', KEYS[1], 'per_user_limit', 'starts_ms', 'ends_ms', 'min_order', 'discount', 'generation')
 if not meta[1] then
   return {'NOT_LOADED'}
 end
 -- A retry is answered from its record, even after the sale ended or sold out.
 local existing = redis.call('HGET', KEYS[4], ARGV[1])
 if existing then
-  return {'EXISTS', existing}
+  return {'EXISTS', existing, meta[6] or '0'}
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -36,4 +38,4 @@ local record = table.concat({'P', ARGV[2], ARGV[3], string.format('%.0f', discou
 redis.call('HSET', KEYS[4], ARGV[1], record)
 -- Unsettled until reconciliation sees its row (or gives the use back).
 redis.call('ZADD', KEYS[5], now, ARGV[1])
-return {'RESERVED', record}
+return {'RESERVED', record, meta[6] or '0'}
