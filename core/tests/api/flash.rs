@@ -1005,7 +1005,7 @@ async fn a_use_decided_by_a_replaced_gate_is_not_written() {
     // The current gate's use, written already, repeated by an attempt of the old gate: a
     // repeat, not stale (its row holds the use).
     let again = store
-        .record_decided(&[current.clone()], &[latest - 1])
+        .record_decided(std::slice::from_ref(&current), &[latest - 1])
         .await
         .expect("recorded");
     assert_eq!((again.duplicates, again.stale.len()), (1, 0), "{again:?}");
