@@ -2,7 +2,7 @@
 # The benchmark: brings the stack up (release builds), runs voucher-bench against it and
 # writes reports/bench/REPORT.md with its plots. Takes a few minutes.
 #   STEP_SECS=3 SALE_RATES=5000,10000,20000 ./loadtest/bench.sh
-#   BENCH_ONLY=rate-limits ./loadtest/bench.sh   # only the rate limits' cost: RATE-LIMITS.md
+#   BENCH_ONLY=rate-limits ./loadtest/bench.sh   # only the edge's rate limits' and access log's cost: RATE-LIMITS.md
 . "$(dirname "$0")/../scripts/lib.sh"
 cd "$ROOT"
 

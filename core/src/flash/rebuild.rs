@@ -93,8 +93,8 @@ impl FlashPath {
 
     /// Loads the voucher's gate from PostgreSQL, fenced and in pieces:
     ///
-    /// 1. one consistent read takes the voucher's next generation (a later generation is
-    ///    always a later read);
+    /// 1. the voucher's next generation is taken (committed on its own, after every write of
+    ///    a use an older gate decided), then one consistent read;
     /// 2. the gate is filled while closed, [`CHUNK`] entries per Redis call, so a voucher of
     ///    any size loads without a long call; each chunk's order claims are restored first,
     ///    so no other voucher can take one of these orders once the gate opens;

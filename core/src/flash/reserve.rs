@@ -31,7 +31,7 @@ impl FlashPath {
                     return Err(Error::unavailable("voucher gate (rebuilding)"));
                 }
                 GateDecision::Reserved(record, generation) => {
-                    return self.publish_new(request, record, generation).await
+                    return self.publish_new(voucher, request, record, generation).await
                 }
                 GateDecision::Exists(record, generation) => {
                     if !record.is_retry_by(&request.customer_id, request.order_amount) {
@@ -42,7 +42,7 @@ impl FlashPath {
                             record.reservation(&request.voucher_code, &request.order_id)?;
                         return Ok(ReserveOutcome::Retried(stored));
                     }
-                    match self.republish(request, record, generation).await? {
+                    match self.republish(voucher, request, record, generation).await? {
                         Some(outcome) => return Ok(outcome),
                         None => continue,
                     }
@@ -74,6 +74,7 @@ impl FlashPath {
     /// A use just taken: claim the orderId, publish, then answer.
     async fn publish_new(
         &self,
+        voucher: &Arc<Voucher>,
         request: &ReservationRequest,
         record: OrderRecord,
         generation: Generation,
@@ -92,7 +93,7 @@ impl FlashPath {
         }
         if let Some(recorder) = &self.inner.recorder {
             let reservation = self
-                .decided_by_database(recorder, request, record, generation)
+                .decided_by_database(voucher, recorder, request, record, generation)
                 .await?;
             return Ok(ReserveOutcome::Reserved(reservation));
         }
@@ -136,6 +137,7 @@ impl FlashPath {
     /// consumer ignores the duplicate). `None` when reconciliation forgot the order.
     async fn republish(
         &self,
+        voucher: &Arc<Voucher>,
         request: &ReservationRequest,
         record: OrderRecord,
         generation: Generation,
@@ -171,7 +173,7 @@ impl FlashPath {
         }
         if let Some(recorder) = &self.inner.recorder {
             let reservation = self
-                .decided_by_database(recorder, request, record, generation)
+                .decided_by_database(voucher, recorder, request, record, generation)
                 .await?;
             return Ok(Some(ReserveOutcome::Retried(reservation)));
         }
@@ -195,12 +197,13 @@ impl FlashPath {
     /// published afterwards.
     async fn decided_by_database(
         &self,
+        voucher: &Arc<Voucher>,
         recorder: &Recorder,
         request: &ReservationRequest,
         record: OrderRecord,
         generation: Generation,
     ) -> Result<Reservation> {
-        self.record_in_database(recorder, request, &record, generation)
+        self.record_in_database(voucher, recorder, request, &record, generation)
             .await?;
         let reservation = self
             .acknowledged(request, record.clone(), MarkAlso::Settle)
@@ -211,6 +214,7 @@ impl FlashPath {
 
     async fn record_in_database(
         &self,
+        voucher: &Arc<Voucher>,
         recorder: &Recorder,
         request: &ReservationRequest,
         record: &OrderRecord,
@@ -226,19 +230,18 @@ impl FlashPath {
         match recorded? {
             Recorded::Stored => Ok(()),
             // The gate that decided it was replaced while it waited to be written: nothing
-            // is held in PostgreSQL, and the new gate never counted it. This record (and
+            // is held in PostgreSQL, and a new gate never counted it. This record (and
             // only this attempt's: a retry may have one in the new gate) goes; the client
             // retries, and the new gate decides.
             Recorded::Superseded => {
-                self.undo(
-                    request,
-                    record,
-                    Error::unavailable("voucher gate (reloaded while recording)"),
-                )
-                .await?;
-                Err(Error::unavailable(
-                    "voucher gate (reloaded while recording)",
-                ))
+                // A gate still open under the generation that was refused was stranded: a
+                // loader took the next generation and never reached the gate (it died, or
+                // failed in between). Its rebuild finds it open and gives it the latest.
+                if self.inner.gate.generation(&request.voucher_code).await? == Some(generation.0) {
+                    self.trigger_rebuild(voucher.clone());
+                }
+                let answer = Error::unavailable("voucher gate (reloaded while recording)");
+                self.undo(request, record, answer).await.map(|_| ())
             }
             Recorded::Refused(reason) => {
                 tracing::warn!(

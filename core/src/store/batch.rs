@@ -197,9 +197,10 @@ async fn record_batch(
     })
 }
 
-/// Of the reservations not inserted: the stale ones whose row another attempt stored
-/// (a retry the new gate decided) are repeats; the others stay stale; the rest are
-/// repeats or refused by [`classify_existing`].
+/// Of the reservations not inserted: the stale ones stay stale (a 503 whose retry the new
+/// gate answers from what it holds, even when that retry's row is already stored: this
+/// attempt's record is not that row); the rest are repeats or refused by
+/// [`classify_existing`].
 async fn classify(
     conn: &mut PgConnection,
     batch: &[Reservation],
@@ -207,18 +208,11 @@ async fn classify(
     stale: &[usize],
 ) -> Result<(Vec<(usize, String)>, Vec<usize>), sqlx::Error> {
     let conflicts = classify_existing(conn, batch, fresh).await?;
-    // A stale reservation has no row of its own: classify_existing calls it a conflict
-    // unless a row of the same order, voucher and customer exists.
-    let still_stale: Vec<usize> = stale
-        .iter()
-        .copied()
-        .filter(|i| conflicts.iter().any(|(c, _)| c == i))
-        .collect();
     let refused = conflicts
         .into_iter()
         .filter(|(i, _)| !stale.contains(i))
         .collect();
-    Ok((refused, still_stale))
+    Ok((refused, stale.to_vec()))
 }
 
 async fn record_one_by_one(

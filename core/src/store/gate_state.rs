@@ -1,10 +1,12 @@
 //! What a flash gate is loaded from and checked against.
 //!
-//! A load reads the voucher in one REPEATABLE READ transaction that first takes the
-//! voucher's next gate generation (`gate_generations`, under that row's lock): a later
-//! generation always comes from a later read, which is what lets the gate refuse to open an
-//! older read after a newer one (see `flash/rebuild.rs`). Rows and counts stream out in
-//! pieces, so a voucher of any size loads in bounded memory.
+//! A load first takes the voucher's next gate generation (`gate_generations`, committed on
+//! its own: the update waits for every write of a use an older gate decided, see
+//! `store::batch`), then reads the voucher in one REPEATABLE READ transaction. Only the
+//! latest generation can open a gate (see `flash/rebuild.rs`), and the recorder writes a
+//! use only under its gate's generation if that is still the latest: so an open gate never
+//! misses a use PostgreSQL holds. Rows and counts stream out in pieces, so a voucher of any
+//! size loads in bounded memory.
 //!
 //! Reconciliation's reads are narrow on purpose: the rows of the orders in flight, the
 //! voucher's counter, the rows released lately, one page of customers. None of them reads
@@ -81,6 +83,12 @@ fn serialization_failure(e: &sqlx::Error) -> bool {
         .is_some_and(|code| code == "40001")
 }
 
+fn lock_not_available(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|db| db.code())
+        .is_some_and(|code| code == "55P03")
+}
+
 impl Store {
     /// Starts reading `code`'s gate state, taking its next generation first, in a
     /// transaction of its own: the update waits for every recorder transaction holding the
@@ -95,6 +103,11 @@ impl Store {
         loop {
             match self.try_read_gate(code, total_limit).await {
                 Err(e) if serialization_failure(&e) && attempt < 5 => attempt += 1,
+                // The bump waited out its lock_timeout behind writes in progress.
+                Err(e) if lock_not_available(&e) && attempt < 5 => {
+                    attempt += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(200 * attempt)).await;
+                }
                 Err(e) => return Err(e.into()),
                 Ok(read) => return read.ok_or(Error::VoucherNotFound),
             }
@@ -106,6 +119,12 @@ impl Store {
         code: &VoucherCode,
         total_limit: i32,
     ) -> Result<Option<GateRead>, sqlx::Error> {
+        // Bounded: behind a write that is itself stuck (a locked row), the rebuild gives up
+        // and is tried again, rather than hang with the voucher closed.
+        let mut bump = self.pool().begin().await?;
+        sqlx::query("SET LOCAL lock_timeout = '2s'")
+            .execute(&mut *bump)
+            .await?;
         let generation: i64 = sqlx::query_scalar(
             "INSERT INTO gate_generations (voucher_code, generation) VALUES ($1, 1)
              ON CONFLICT (voucher_code)
@@ -113,8 +132,9 @@ impl Store {
              RETURNING generation",
         )
         .bind(code.as_str())
-        .fetch_one(self.pool())
+        .fetch_one(&mut *bump)
         .await?;
+        bump.commit().await?;
         let mut tx = self.pool().begin().await?;
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             .execute(&mut *tx)

@@ -952,8 +952,9 @@ async fn a_commit_held_up_across_a_gate_rebuild_is_in_the_new_gate() {
 }
 
 /// The fence of `record_decided`, on PostgreSQL alone: a use decided by a gate whose
-/// generation is no longer the voucher's latest is not written (stale), unless its row is
-/// already there (then it is a repeat); uses without a generation are not fenced.
+/// generation is no longer the voucher's latest is not written (stale), even when its
+/// order's row is there already; uses without a generation (the event writers') are not
+/// fenced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_use_decided_by_a_replaced_gate_is_not_written() {
     use voucher_core::domain::{CustomerId, Money, OrderId, Reservation, ReservationStatus};
@@ -1002,13 +1003,18 @@ async fn a_use_decided_by_a_replaced_gate_is_not_written() {
         "{result:?}"
     );
     assert!(result.refused.is_empty(), "{result:?}");
-    // The current gate's use, written already, repeated by an attempt of the old gate: a
-    // repeat, not stale (its row holds the use).
+    // The current gate's use, written already, repeated by an attempt of the old gate: still
+    // stale (503). Its retry is answered by the new gate, from the stored row's record,
+    // not from this attempt's.
     let again = store
         .record_decided(std::slice::from_ref(&current), &[latest - 1])
         .await
         .expect("recorded");
-    assert_eq!((again.duplicates, again.stale.len()), (1, 0), "{again:?}");
+    assert_eq!(
+        (again.duplicates, again.stale.clone()),
+        (0, vec![0]),
+        "{again:?}"
+    );
     assert_eq!(env.rows("FENCE").await, 2);
     let used: i32 = sqlx::query_scalar("SELECT used_count FROM vouchers WHERE code = 'FENCE'")
         .fetch_one(&env.pool)
@@ -1021,4 +1027,87 @@ async fn a_use_decided_by_a_replaced_gate_is_not_written() {
         .expect("checked");
     assert!(report.holds(), "{:?}", report.violations);
     env.db.drop_db().await;
+}
+
+/// A load that takes the next generation and then finds the gate open (another core's load
+/// won, or a reload raced a reservation) leaves nothing stranded: the open gate takes the
+/// new generation on, and its uses keep being written. (Without that, every use it decided
+/// would be refused as stale, for good.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_load_that_finds_the_gate_open_hands_it_the_new_generation() {
+    let env = FlashStack::start().await;
+    let app = env.app();
+    app.given_voucher(flash_voucher("OPEN", 5, 1)).await;
+    let first = app.attempt("OPEN", "c1", "open-1", 100_000).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let code = VoucherCode::parse("OPEN").expect("code");
+    let store = Store::new(env.pool.clone());
+    let before = store.gate_generation(&code).await.expect("generation");
+
+    let voucher = store.voucher(&code).await.expect("voucher");
+    let outcome = reconciler(&env)
+        .flash
+        .load_from_database(&voucher)
+        .await
+        .expect("load ran");
+    assert_eq!(outcome, voucher_core::flash::Rebuild::AlreadyLoaded);
+    let after = store.gate_generation(&code).await.expect("generation");
+    assert!(
+        after > before,
+        "the load took the next generation: {before} then {after}"
+    );
+    assert_eq!(
+        env.gate.generation(&code).await.expect("redis"),
+        Some(after)
+    );
+
+    let second = app.attempt("OPEN", "c2", "open-2", 100_000).await;
+    assert_eq!(second.status, StatusCode::CREATED, "{second:?}");
+    assert_eq!(env.rows("OPEN").await, 2);
+    env.finish(&[first.accepted(), second.accepted()]).await;
+}
+
+/// A loader that dies between taking the next generation and reaching Redis strands the
+/// open gate under the older one: its uses are refused as stale (503, nothing written,
+/// nothing held). The first refusal sees the gate still open under the refused generation
+/// and starts a rebuild, which finds the gate open and hands it the latest: sales resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gate_stranded_by_a_loader_that_died_heals_itself() {
+    let env = FlashStack::start().await;
+    let app = env.app();
+    app.given_voucher(flash_voucher("STRAND", 5, 1)).await;
+    let first = app.attempt("STRAND", "c1", "strand-1", 100_000).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let code = VoucherCode::parse("STRAND").expect("code");
+    // The loader's bump, and nothing after it.
+    Store::new(env.pool.clone())
+        .read_gate(&code, 5)
+        .await
+        .expect("read")
+        .finish()
+        .await
+        .expect("finished");
+
+    let refused = app.attempt("STRAND", "c2", "strand-2", 100_000).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{refused:?}"
+    );
+    let mut n = 2;
+    let resumed = eventually(Duration::from_secs(30), "sales to resume", || {
+        n += 1;
+        let order = format!("strand-{n}");
+        let customer = format!("c{n}");
+        async move {
+            let attempt = app.attempt("STRAND", &customer, &order, 100_000).await;
+            (attempt.status == StatusCode::CREATED).then_some(attempt)
+        }
+    })
+    .await;
+    // The refused attempt holds nothing: four uses left for everyone, one of them taken.
+    assert_eq!(env.rows("STRAND").await, 2);
+    let code_remaining = env.gate.remaining(&code).await.expect("redis");
+    assert_eq!(code_remaining, Some(3));
+    env.finish(&[first.accepted(), resumed.accepted()]).await;
 }

@@ -2,9 +2,12 @@
 //! closed-loop wrk run, against the stack's edge (limits off) and against a second edge of
 //! the same binary and file whose limits count every request (per address and per
 //! customer, set far above the load so that none is refused), and one whose address limit
-//! is 1/s (every request answered 429 RATE_LIMITED).
+//! is 1/s (every request answered 429 RATE_LIMITED). And what the access log costs there:
+//! two more edges of the same binary, one writing a JSON access line per request to a
+//! file, one with the access log off (the same file otherwise), measured interleaved.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -19,14 +22,28 @@ struct ExtraEdge {
 
 impl ExtraEdge {
     async fn start(port: u16, metrics_port: u16, env: &[(&str, &str)]) -> anyhow::Result<Self> {
+        Self::start_logging(port, metrics_port, env, None).await
+    }
+
+    /// With its log (stdout, where tracing writes) in `log` instead of nowhere.
+    async fn start_logging(
+        port: u16,
+        metrics_port: u16,
+        env: &[(&str, &str)],
+        log: Option<&Path>,
+    ) -> anyhow::Result<Self> {
         let binary = std::env::current_exe()?.with_file_name("voucher-edge");
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+        let stdout = match log {
+            Some(path) => Stdio::from(std::fs::File::create(path)?),
+            None => Stdio::null(),
+        };
         let child = Command::new(binary)
             .env("EDGE_CONFIG", "config/edge.yaml")
             .env("EDGE__LISTEN", addr.to_string())
             .env("EDGE__METRICS_LISTEN", format!("127.0.0.1:{metrics_port}"))
             .envs(env.iter().copied())
-            .stdout(Stdio::null())
+            .stdout(stdout)
             .stderr(Stdio::null())
             .spawn()?;
         let edge = Self { child, addr };
@@ -96,9 +113,58 @@ impl Run {
         Ok(())
     }
 
+    /// 2c. The reject path with a JSON access line per request (to a file) vs none.
+    pub(crate) async fn access_log_cost(&mut self) -> anyhow::Result<()> {
+        eprintln!("the access log on the reject path");
+        let code = format!("A{}", self.run_id);
+        self.stack.create_voucher(&code, 1, "flash").await?;
+        std::fs::create_dir_all("run")?;
+        let (logged, quiet) = (
+            Path::new("run/bench-edge-access.log"),
+            Path::new("run/bench-edge-quiet.log"),
+        );
+        let env = |access: &'static str| {
+            [
+                ("RUST_LOG", "info"),
+                ("EDGE__LOG_FORMAT", "json"),
+                ("EDGE__ACCESS_LOG", access),
+            ]
+        };
+        let logging = ExtraEdge::start_logging(18482, 19482, &env("true"), Some(logged)).await?;
+        let silent = ExtraEdge::start_logging(18483, 19483, &env("false"), Some(quiet)).await?;
+        self.stack.flag_sold_out(&code).await?;
+        for edge in [&logging, &silent] {
+            self.stack
+                .flag_sold_out_at(&edge.addr.to_string(), &code)
+                .await?;
+        }
+        let off_1 = wrk_rate(silent.addr, &code).await;
+        let on_1 = wrk_rate(logging.addr, &code).await;
+        let off_2 = wrk_rate(silent.addr, &code).await;
+        let on_2 = wrk_rate(logging.addr, &code).await;
+        drop((logging, silent));
+        let lines = std::fs::read_to_string(logged)
+            .map(|t| {
+                t.lines()
+                    .filter(|l| l.contains("\"target\":\"access\""))
+                    .count()
+            })
+            .unwrap_or(0);
+        let size = std::fs::metadata(logged).map(|m| m.len()).unwrap_or(0);
+        if let (Some(on_1), Some(on_2), Some(off_1), Some(off_2)) = (on_1, on_2, off_1, off_2) {
+            let (on, off) = ((on_1 + on_2) / 2.0, (off_1 + off_2) / 2.0);
+            self.table.push(format!(
+                "| Edge reject path (409) with a JSON access line per request vs access log off (wrk, two runs each, interleaved) | {on:.0}/s | {off:.0}/s | {:.2} | {lines} access lines written ({:.0} bytes each) to a file on the same disk; wrk -t1 -c64 -d5s |",
+                on / off.max(1.0),
+                size as f64 / (lines.max(1) as f64)
+            ));
+        }
+        Ok(())
+    }
+
     /// RATE-LIMITS.md: the rows of [`Run::rate_limit_cost`] alone, with how they were made.
     pub(crate) fn write_rate_limits(&self) -> anyhow::Result<()> {
-        let mut md = String::from("# What the edge's rate limits cost\n\n");
+        let mut md = String::from("# What the edge's rate limits and access log cost\n\n");
         md.push_str(&format!(
             "- when: {}\n- machine: {}\n- command: `BENCH_ONLY=rate-limits ./loadtest/bench.sh`\n\
              - each edge: the release binary with `config/edge.yaml`; wrk from the same 2 shared cores\n\n",

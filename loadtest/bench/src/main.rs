@@ -4,7 +4,7 @@
 //!
 //!   voucher-bench OUT_DIR          the benchmark
 //!   voucher-bench bare-409 ADDR    the bare 409 server it compares the edge with
-//!   voucher-bench rate-limits OUT  only what the edge's rate limits cost (RATE-LIMITS.md)
+//!   voucher-bench rate-limits OUT  only what the edge's rate limits and access log cost (RATE-LIMITS.md)
 //!   voucher-bench big-voucher OUT  a flash voucher of a million uses: sale, reload,
 //!                                  reconciliation, Redis's slow log (`loadtest/big-voucher.sh`)
 
@@ -159,6 +159,7 @@ async fn main() -> anyhow::Result<()> {
             .unwrap_or_else(|| "reports/bench".into());
         let mut run = Run::connect(std::path::PathBuf::from(out)).await?;
         run.rate_limit_cost().await?;
+        run.access_log_cost().await?;
         return run.write_rate_limits();
     }
     if args.get(1).map(String::as_str) == Some("big-voucher") {
@@ -173,6 +174,7 @@ async fn main() -> anyhow::Result<()> {
     run.flash_sale().await?;
     run.reject_path().await?;
     run.rate_limit_cost().await?;
+    run.access_log_cost().await?;
     run.hot_voucher().await?;
     run.gate_vs_redis_benchmark().await?;
     run.peak_memory().await?;

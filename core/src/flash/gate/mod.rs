@@ -16,9 +16,10 @@ use crate::config::RedisSettings;
 use crate::domain::{Ineligibility, OrderId, ReservationRequest, Voucher, VoucherCode};
 use crate::{Error, Result};
 
-/// The generation of the PostgreSQL read a gate was loaded from (`gate_generations`): a
-/// use this gate decides may be recorded only while it is still the voucher's latest, so
-/// that no row lands behind the read of a newer gate. 0: not known (no fence).
+/// The generation of the PostgreSQL read a gate was loaded from (`gate_generations`), or a
+/// later one it took on (`load_begin.lua`): a use this gate decides may be recorded only
+/// while it is still the voucher's latest, so that no row lands behind the read of a newer
+/// gate. (The store takes 0 as "unfenced", for the event writers; no gate decides with 0.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Generation(pub i64);
 
@@ -726,6 +727,18 @@ impl Gate {
         } else {
             None
         })
+    }
+
+    /// The generation of the voucher's open gate (`None` when it is not open).
+    pub async fn generation(&self, code: &VoucherCode) -> Result<Option<i64>> {
+        let k = self.keys(code);
+        let generation: Option<i64> = redis::cmd("HGET")
+            .arg(&k.meta)
+            .arg("generation")
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_down)?;
+        Ok(generation)
     }
 
     /// Claims `order_id` for `code` across all vouchers; `false` when another voucher holds it.

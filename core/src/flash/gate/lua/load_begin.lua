@@ -3,11 +3,24 @@
 -- KEYS[1] meta, KEYS[2] remaining, KEYS[3] users, KEYS[4] orders, KEYS[5] unsettled,
 -- KEYS[6] loading
 -- ARGV[1] voucher identity, ARGV[2] generation
--- Returns LOADED when this voucher's gate is open already (another load won), SUPERSEDED
+-- Returns LOADED when this voucher's gate is open already (another load won; it takes on
+-- the generation ARGV[2] if that is newer), SUPERSEDED
 -- when a load of a later generation is under way, STARTED, or REPLACED when keys of an
 -- older voucher of the same code were dropped (a new voucher never inherits them).
 local open_for = redis.call('HGET', KEYS[1], 'voucher_id')
-if open_for == ARGV[1] then return 'LOADED' end
+if open_for == ARGV[1] then
+  -- The loader took generation ARGV[2] in PostgreSQL before finding the gate open; uses
+  -- this gate decides are written only under the voucher's latest generation, so the
+  -- open gate takes it on (never lowers it). Safe: no gate is built from that read, and
+  -- every use this gate decided is in this gate, whichever generation it is written under
+  -- (one decided under the older one and written after the bump is refused and undone
+  -- here).
+  local current = tonumber(redis.call('HGET', KEYS[1], 'generation') or '0')
+  if tonumber(ARGV[2]) > current then
+    redis.call('HSET', KEYS[1], 'generation', ARGV[2])
+  end
+  return 'LOADED'
+end
 local loading = redis.call('GET', KEYS[6])
 if loading then
   local id, generation = string.match(loading, '^([^|]*)|(%d+)$')

@@ -7,13 +7,15 @@
 -- Time is Redis's own (TIME), never the caller's: every core decides the sale window and
 -- the TTL by the same clock, however far its own is off.
 local meta = redis.call('HMGET', KEYS[1], 'per_user_limit', 'starts_ms', 'ends_ms', 'min_order', 'discount', 'generation')
-if not meta[1] then
+-- A gate without its generation (loaded by an older version) cannot fence its writes:
+-- treated as missing, its rebuild finds it open and gives it the latest (load_begin.lua).
+if not meta[1] or not meta[6] then
   return {'NOT_LOADED'}
 end
 -- A retry is answered from its record, even after the sale ended or sold out.
 local existing = redis.call('HGET', KEYS[4], ARGV[1])
 if existing then
-  return {'EXISTS', existing, meta[6] or '0'}
+  return {'EXISTS', existing, meta[6]}
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -38,4 +40,4 @@ local record = table.concat({'P', ARGV[2], ARGV[3], string.format('%.0f', discou
 redis.call('HSET', KEYS[4], ARGV[1], record)
 -- Unsettled until reconciliation sees its row (or gives the use back).
 redis.call('ZADD', KEYS[5], now, ARGV[1])
-return {'RESERVED', record, meta[6] or '0'}
+return {'RESERVED', record, meta[6]}
