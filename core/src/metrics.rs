@@ -64,7 +64,8 @@ pub struct Metrics {
     /// Uses reconciliation gave back, by reason (never_recorded, released_in_db), and uses it
     /// took off a gate that counted too few (repaired).
     pub reconciled: IntCounterVec,
-    /// Gate rebuilds by result (loaded, already_loaded, superseded, not_caught_up, error).
+    /// Gate rebuilds by result (loaded, already_loaded, superseded, not_caught_up, error), and
+    /// stranded gates handed the latest generation (raised).
     pub gate_rebuilds: IntCounterVec,
     /// Time of one reconciliation round over every live flash voucher.
     pub reconcile_duration: Histogram,
@@ -327,6 +328,7 @@ impl Metrics {
                     "already_loaded",
                     "superseded",
                     "not_caught_up",
+                    "raised",
                     "error",
                 ],
             ),

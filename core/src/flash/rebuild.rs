@@ -5,10 +5,14 @@ use std::sync::Arc;
 
 use futures::TryStreamExt;
 
-use super::gate::{LoadStart, OrderRecord, CHUNK};
+use super::gate::{Generation, LoadStart, OrderRecord, CHUNK};
 use super::FlashPath;
 use crate::domain::Voucher;
 use crate::Result;
+
+/// How long a gate open under a refused generation is given before it is taken for
+/// stranded: a live loader hands it the new one within one Redis call of its bump.
+const STRANDED_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How a rebuild ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,15 +39,8 @@ impl Rebuild {
 impl FlashPath {
     /// Starts a rebuild of the voucher's gate unless this instance is already at it.
     pub fn trigger_rebuild(&self, voucher: Arc<Voucher>) {
-        {
-            let mut rebuilding = self
-                .inner
-                .rebuilding
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if !rebuilding.insert(voucher.code.clone()) {
-                return;
-            }
+        if !self.start_job(&voucher.code) {
+            return;
         }
         let this = self.clone();
         tokio::spawn(async move {
@@ -60,13 +57,67 @@ impl FlashPath {
                     tracing::warn!(code = %voucher.code, error = %e.chain(), "gate rebuild failed")
                 }
             }
-            let mut rebuilding = this
-                .inner
-                .rebuilding
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            rebuilding.remove(&voucher.code);
+            this.end_job(&voucher.code);
         });
+    }
+
+    /// After a use was refused as stale while the gate that decided it is still open
+    /// under that generation: if it still is a moment later, a loader took the next
+    /// generation and never reached the gate (it died, or failed in between; a live one
+    /// reaches it within one Redis call), and every use would be refused for good. The
+    /// gate is handed the voucher's latest generation then, without a rebuild: nothing is
+    /// loaded, and every use this gate decided is in it. One at a time per voucher.
+    pub fn heal_stranded(&self, voucher: Arc<Voucher>, refused: Generation) {
+        if !self.start_job(&voucher.code) {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(STRANDED_AFTER).await;
+            match this.raise_if_stranded(&voucher, refused).await {
+                Ok(true) => {
+                    this.inner
+                        .metrics
+                        .gate_rebuilds
+                        .with_label_values(&["raised"])
+                        .inc();
+                    tracing::warn!(code = %voucher.code, "a gate stranded under an older generation was handed the latest");
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(code = %voucher.code, error = %e.chain(), "stranded gate check failed")
+                }
+            }
+            this.end_job(&voucher.code);
+        });
+    }
+
+    async fn raise_if_stranded(&self, voucher: &Voucher, refused: Generation) -> Result<bool> {
+        if self.inner.gate.generation(&voucher.code).await? != Some(refused.0) {
+            return Ok(false);
+        }
+        let latest = self.inner.store.gate_generation(&voucher.code).await?;
+        if latest <= refused.0 {
+            return Ok(false);
+        }
+        self.inner.gate.raise_generation(voucher, latest).await
+    }
+
+    /// Marks a rebuild or heal of `code` under way in this instance; `false` if one is.
+    fn start_job(&self, code: &crate::domain::VoucherCode) -> bool {
+        self.inner
+            .rebuilding
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(code.clone())
+    }
+
+    fn end_job(&self, code: &crate::domain::VoucherCode) {
+        self.inner
+            .rebuilding
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(code);
     }
 
     /// Rebuilds the gate: wait out publishes in flight, wait for the consumer, read
@@ -104,19 +155,18 @@ impl FlashPath {
     ///    everything in between: the newer load bumped the generation first.
     pub async fn load_from_database(&self, voucher: &Voucher) -> Result<Rebuild> {
         let (gate, store) = (&self.inner.gate, &self.inner.store);
-        let mut read = store.read_gate(&voucher.code, voucher.total_limit).await?;
-        let (start, loading) = gate.begin_load(voucher, read.generation).await?;
+        let generation = store.next_gate_generation(&voucher.code).await?;
+        // At once after the bump: a gate found open takes the new generation on here
+        // (load_begin.lua), and until then the uses it decides are refused as stale.
+        let (start, loading) = gate.begin_load(voucher, generation).await?;
         match start {
             LoadStart::Started => {}
-            LoadStart::AlreadyLoaded => {
-                read.finish().await?;
-                return Ok(Rebuild::AlreadyLoaded);
-            }
-            LoadStart::Superseded => {
-                read.finish().await?;
-                return Ok(Rebuild::Superseded);
-            }
+            LoadStart::AlreadyLoaded => return Ok(Rebuild::AlreadyLoaded),
+            LoadStart::Superseded => return Ok(Rebuild::Superseded),
         }
+        let mut read = store
+            .read_gate(&voucher.code, voucher.total_limit, generation)
+            .await?;
         let remaining = read.remaining;
         let mut filled = true;
         {

@@ -59,7 +59,7 @@ impl GateRead {
         .boxed()
     }
 
-    /// Ends the read (and commits the generation it took).
+    /// Ends the read.
     pub async fn finish(self) -> Result<()> {
         self.tx.commit().await?;
         Ok(())
@@ -77,12 +77,6 @@ pub struct ReconcileView {
     pub active_by: i64,
 }
 
-fn serialization_failure(e: &sqlx::Error) -> bool {
-    e.as_database_error()
-        .and_then(|db| db.code())
-        .is_some_and(|code| code == "40001")
-}
-
 fn lock_not_available(e: &sqlx::Error) -> bool {
     e.as_database_error()
         .and_then(|db| db.code())
@@ -90,37 +84,28 @@ fn lock_not_available(e: &sqlx::Error) -> bool {
 }
 
 impl Store {
-    /// Starts reading `code`'s gate state, taking its next generation first, in a
-    /// transaction of its own: the update waits for every recorder transaction holding the
-    /// generation row share-locked (uses an older gate decided, being written; see
-    /// `record_decided`), and the read's snapshot, taken after it committed, sees each of
-    /// them. A use of an older gate that comes later finds a newer generation and is not
-    /// written. A later generation is always a later read; of two loads at once, the one
-    /// with the older generation cannot open (`load_from_database`).
-    #[tracing::instrument(name = "db.read_gate", skip(self))]
-    pub async fn read_gate(&self, code: &VoucherCode, total_limit: i32) -> Result<GateRead> {
+    /// Takes `code`'s next gate generation, committed on its own. The update waits for
+    /// every recorder write holding the generation row share-locked (uses an older gate
+    /// decided, being written; see `record_decided`), so a read started after this returns
+    /// sees each of them, and a use of an older gate written later finds a newer generation
+    /// and is not written. Bounded: behind a write that is itself stuck (a locked row) it
+    /// gives up after 2 s and tries again, five times, rather than hang with the voucher
+    /// closed.
+    #[tracing::instrument(name = "db.next_gate_generation", skip(self))]
+    pub async fn next_gate_generation(&self, code: &VoucherCode) -> Result<i64> {
         let mut attempt = 0;
         loop {
-            match self.try_read_gate(code, total_limit).await {
-                Err(e) if serialization_failure(&e) && attempt < 5 => attempt += 1,
-                // The bump waited out its lock_timeout behind writes in progress.
+            match self.try_next_gate_generation(code).await {
                 Err(e) if lock_not_available(&e) && attempt < 5 => {
                     attempt += 1;
                     tokio::time::sleep(std::time::Duration::from_millis(200 * attempt)).await;
                 }
-                Err(e) => return Err(e.into()),
-                Ok(read) => return read.ok_or(Error::VoucherNotFound),
+                other => return Ok(other?),
             }
         }
     }
 
-    async fn try_read_gate(
-        &self,
-        code: &VoucherCode,
-        total_limit: i32,
-    ) -> Result<Option<GateRead>, sqlx::Error> {
-        // Bounded: behind a write that is itself stuck (a locked row), the rebuild gives up
-        // and is tried again, rather than hang with the voucher closed.
+    async fn try_next_gate_generation(&self, code: &VoucherCode) -> Result<i64, sqlx::Error> {
         let mut bump = self.pool().begin().await?;
         sqlx::query("SET LOCAL lock_timeout = '2s'")
             .execute(&mut *bump)
@@ -135,8 +120,20 @@ impl Store {
         .fetch_one(&mut *bump)
         .await?;
         bump.commit().await?;
+        Ok(generation)
+    }
+
+    /// Starts reading `code`'s gate state for a load of `generation` (taken before with
+    /// [`Store::next_gate_generation`]), in one REPEATABLE READ snapshot.
+    #[tracing::instrument(name = "db.read_gate", skip(self))]
+    pub async fn read_gate(
+        &self,
+        code: &VoucherCode,
+        total_limit: i32,
+        generation: i64,
+    ) -> Result<GateRead> {
         let mut tx = self.pool().begin().await?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
             .execute(&mut *tx)
             .await?;
         let used: Option<i32> =
@@ -144,12 +141,13 @@ impl Store {
                 .bind(code.as_str())
                 .fetch_optional(&mut *tx)
                 .await?;
-        Ok(used.map(|used| GateRead {
+        let used = used.ok_or(Error::VoucherNotFound)?;
+        Ok(GateRead {
             tx,
             code: code.as_str().to_owned(),
             generation,
             remaining: i64::from(total_limit) - i64::from(used),
-        }))
+        })
     }
 
     /// The latest gate generation of `code` (0 before any load).

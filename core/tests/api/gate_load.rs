@@ -78,10 +78,15 @@ async fn an_older_load_never_opens_over_a_newer_one() {
     assert_eq!(gate.remaining(&code).await.expect("redis"), Some(10));
     let ids = gate.order_ids(&code).await.expect("redis").expect("loaded");
     assert!(ids.is_empty(), "nothing of the older load: {ids:?}");
-    // Once open, any later load leaves it alone.
+    // Once open, any later load leaves its contents alone (and hands it its generation,
+    // newer ones only: the loader took it in PostgreSQL already).
     let (start, _) = gate.begin_load(&voucher, 7).await.expect("redis");
     assert_eq!(start, LoadStart::AlreadyLoaded);
     assert_eq!(gate.remaining(&code).await.expect("redis"), Some(10));
+    assert_eq!(gate.generation(&code).await.expect("redis"), Some(7));
+    let (start, _) = gate.begin_load(&voucher, 3).await.expect("redis");
+    assert_eq!(start, LoadStart::AlreadyLoaded);
+    assert_eq!(gate.generation(&code).await.expect("redis"), Some(7));
     env.finish(&[]).await;
 }
 
@@ -97,11 +102,11 @@ async fn a_stalled_read_is_outdated_by_any_newer_load_even_after_redis_forgets()
 
     // A slow rebuild reads (generation 2) and stalls; meanwhile a newer one loads and
     // the sale goes on; then Redis loses the gate again.
+    let stalled_generation = store.next_gate_generation(&code).await.expect("db");
     let stalled = store
-        .read_gate(&code, voucher.total_limit)
+        .read_gate(&code, voucher.total_limit, stalled_generation)
         .await
         .expect("db");
-    let stalled_generation = stalled.generation;
     stalled.finish().await.expect("db");
     env.gate.unload(&code).await.expect("gate lost");
     let flash = flash_path(&env);

@@ -158,7 +158,7 @@ pub const RESERVE_SCRIPT: &str = include_str!("lua/reserve.lua");
 
 /// Every script by name, so measurements can tell which one Redis's slow log shows (it
 /// names them by SHA1).
-pub const SCRIPT_SOURCES: [(&str, &str); 9] = [
+pub const SCRIPT_SOURCES: [(&str, &str); 10] = [
     ("adjust", include_str!("lua/adjust.lua")),
     ("counts", include_str!("lua/counts.lua")),
     ("reserve", RESERVE_SCRIPT),
@@ -168,6 +168,7 @@ pub const SCRIPT_SOURCES: [(&str, &str); 9] = [
     ("load_fill", include_str!("lua/load_fill.lua")),
     ("load_open", include_str!("lua/load_open.lua")),
     ("snapshot", include_str!("lua/snapshot.lua")),
+    ("raise", include_str!("lua/raise.lua")),
 ];
 
 fn script(name: &str) -> Script {
@@ -191,6 +192,7 @@ struct Scripts {
     load_fill: Script,
     load_open: Script,
     snapshot: Script,
+    raise: Script,
 }
 
 #[derive(Clone)]
@@ -247,6 +249,7 @@ impl Gate {
             load_fill: script("load_fill"),
             load_open: script("load_open"),
             snapshot: script("snapshot"),
+            raise: script("raise"),
         };
         let gate = Self {
             conn,
@@ -727,6 +730,23 @@ impl Gate {
         } else {
             None
         })
+    }
+
+    /// Hands the voucher's open gate `generation` if it is newer than its own (`raise.lua`);
+    /// `true` when it did.
+    #[tracing::instrument(name = "gate.raise", skip(self, voucher), fields(code = %voucher.code))]
+    pub async fn raise_generation(&self, voucher: &Voucher, generation: i64) -> Result<bool> {
+        let k = self.keys(&voucher.code);
+        let raised: i64 = self
+            .scripts
+            .raise
+            .key(&k.meta)
+            .arg(identity(voucher))
+            .arg(generation)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_down)?;
+        Ok(raised == 1)
     }
 
     /// The generation of the voucher's open gate (`None` when it is not open).

@@ -1,15 +1,16 @@
 -- Decides one reservation. All or nothing: either every write below happens or none.
 -- KEYS[1] meta, KEYS[2] remaining, KEYS[3] users, KEYS[4] orders, KEYS[5] unsettled
 -- ARGV[1] order id, ARGV[2] customer id, ARGV[3] order amount, ARGV[4] ttl (ms)
--- Returns {OUTCOME}, or {OUTCOME, record, generation} for EXISTS and RESERVED: the
--- generation of the PostgreSQL read this gate was loaded from, which a use recorded in
--- PostgreSQL must still be the latest of (see store::record_decided).
+-- Returns {OUTCOME}, or {OUTCOME, record, generation} for EXISTS and RESERVED: the gate's
+-- generation (of the PostgreSQL read it was loaded from, or a later one it was handed),
+-- which must still be the voucher's latest when the use is written (store::record_decided).
 -- Time is Redis's own (TIME), never the caller's: every core decides the sale window and
 -- the TTL by the same clock, however far its own is off.
 local meta = redis.call('HMGET', KEYS[1], 'per_user_limit', 'starts_ms', 'ends_ms', 'min_order', 'discount', 'generation')
--- A gate without its generation (loaded by an older version) cannot fence its writes:
--- treated as missing, its rebuild finds it open and gives it the latest (load_begin.lua).
-if not meta[1] or not meta[6] then
+-- A gate without a generation (loaded by an older version, or by hand with 0) cannot fence
+-- its writes: treated as missing, its rebuild finds it open and gives it the latest
+-- (load_begin.lua).
+if not meta[1] or not meta[6] or meta[6] == '0' then
   return {'NOT_LOADED'}
 end
 -- A retry is answered from its record, even after the sale ended or sold out.
