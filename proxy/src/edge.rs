@@ -514,7 +514,7 @@ impl ProxyHttp for Edge {
             .responses
             .with_label_values(&[ctx.route.label(), status_class(status)])
             .inc();
-        if self.settings.access_log {
+        if self.settings.access_log.logs(ctx.outcome) {
             let header = session.req_header();
             let path: String = header.uri.path().chars().take(256).collect();
             tracing::info!(

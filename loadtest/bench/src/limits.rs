@@ -1,6 +1,6 @@
 //! What the edge's rate limits cost on the reject path: the same sold-out voucher, the same
-//! closed-loop wrk run, against the stack's edge (limits off) and against a second edge of
-//! the same binary and file whose limits count every request (per address and per
+//! closed-loop wrk run, against an edge of the benchmark's own (limits off) and against a
+//! second edge of the same binary and file whose limits count every request (per address and per
 //! customer, set far above the load so that none is refused), and one whose address limit
 //! is 1/s (every request answered 429 RATE_LIMITED). And what the access log costs there:
 //! two more edges of the same binary, one writing a JSON access line per request to a
@@ -81,16 +81,21 @@ impl Run {
             ],
         )
         .await?;
+        // Limits off: an edge started the same way (not the stack's, whose log goes to a
+        // file: only the limits differ between the two).
+        let plain = ExtraEdge::start(18484, 19484, &[]).await?;
         self.stack.flag_sold_out(&code).await?;
-        self.stack
-            .flag_sold_out_at(&counting.addr.to_string(), &code)
-            .await?;
+        for edge in [&counting, &plain] {
+            self.stack
+                .flag_sold_out_at(&edge.addr.to_string(), &code)
+                .await?;
+        }
         // Interleaved, so that both see the same machine.
-        let off_1 = wrk_rate(self.edge, &code).await;
+        let off_1 = wrk_rate(plain.addr, &code).await;
         let on_1 = wrk_rate(counting.addr, &code).await;
-        let off_2 = wrk_rate(self.edge, &code).await;
+        let off_2 = wrk_rate(plain.addr, &code).await;
         let on_2 = wrk_rate(counting.addr, &code).await;
-        drop(counting);
+        drop((counting, plain));
         let refusing = ExtraEdge::start(18481, 19481, &[("EDGE__RATE_LIMIT__PER_IP", "1")]).await?;
         let limited = wrk_rate(refusing.addr, &code).await;
         drop(refusing);
@@ -130,8 +135,8 @@ impl Run {
                 ("EDGE__ACCESS_LOG", access),
             ]
         };
-        let logging = ExtraEdge::start_logging(18482, 19482, &env("true"), Some(logged)).await?;
-        let silent = ExtraEdge::start_logging(18483, 19483, &env("false"), Some(quiet)).await?;
+        let logging = ExtraEdge::start_logging(18482, 19482, &env("all"), Some(logged)).await?;
+        let silent = ExtraEdge::start_logging(18483, 19483, &env("off"), Some(quiet)).await?;
         self.stack.flag_sold_out(&code).await?;
         for edge in [&logging, &silent] {
             self.stack
