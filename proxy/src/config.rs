@@ -69,7 +69,7 @@ pub struct EdgeSettings {
     /// status, outcome, duration, client address. `all` (default), `forwarded` (requests
     /// sent to a core only; the edge's own answers, the sold-out 409s above all, are
     /// counted in metrics but not logged: at a sale's peak they are most of the traffic,
-    /// and a line each cost 18% of the reject path's throughput, measured by
+    /// and a line each cost 18% to 25% of the reject path's throughput, measured by
     /// `BENCH_ONLY=rate-limits ./loadtest/bench.sh`), or `off`.
     pub access_log: AccessLog,
 }
