@@ -29,6 +29,8 @@ pub struct Edge {
     pub settings: Arc<EdgeSettings>,
     /// For the order list of a sold-out voucher.
     pub http: reqwest::Client,
+    /// Ids of requests that came without a valid one.
+    pub request_ids: request::RequestIds,
 }
 
 /// The edge's own health endpoint (answered by the edge, never forwarded).
@@ -268,7 +270,7 @@ impl ProxyHttp for Edge {
                 String::from_utf8_lossy(v.as_bytes()).into_owned()
             }
             _ => {
-                let id = uuid::Uuid::new_v4().simple().to_string();
+                let id = self.request_ids.next();
                 session
                     .req_header_mut()
                     .insert_header(headers::REQUEST_ID, &id)?;
@@ -516,12 +518,11 @@ impl ProxyHttp for Edge {
             .inc();
         if self.settings.access_log.logs(ctx.outcome) {
             let header = session.req_header();
-            let path: String = header.uri.path().chars().take(256).collect();
             tracing::info!(
                 target: "access",
                 request_id = %ctx.request_id,
                 method = %header.method,
-                path,
+                path = request::logged_path(header.uri.path()),
                 route = ctx.route.label(),
                 status,
                 outcome = ctx.outcome,

@@ -92,6 +92,9 @@ pub fn build(settings: EdgeSettings) -> anyhow::Result<Server> {
         http: reqwest::Client::builder()
             .timeout(Duration::from_secs(2))
             .build()?,
+        request_ids: voucher_contract::request::RequestIds::new(
+            uuid::Uuid::new_v4().as_u64_pair().0,
+        ),
     };
     let mut proxy = pingora::proxy::http_proxy_service(&server.configuration, edge);
     proxy.add_tcp(&settings.listen);

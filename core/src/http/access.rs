@@ -2,6 +2,7 @@
 //! a request (its failure included) carries the id the edge passed on, and one line per
 //! request says what was answered and how long it took.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request};
@@ -10,51 +11,47 @@ use axum::middleware::Next;
 use axum::response::Response;
 use tracing::Instrument;
 use voucher_contract::headers::REQUEST_ID;
-use voucher_contract::request::valid_request_id;
+use voucher_contract::request::{logged_path, valid_request_id, RequestIds};
 
-/// Whether each request gets an access log line (at `info`, target `access`).
-#[derive(Clone, Copy)]
-pub struct AccessLog(pub bool);
+/// What the middleware needs: whether each request gets an access log line (at `info`,
+/// target `access`), and the ids of requests that came without one.
+#[derive(Clone)]
+pub struct Access {
+    pub log: bool,
+    pub ids: Arc<RequestIds>,
+}
 
 /// Middleware: takes the request's id (the edge's, or a client's valid one) or makes one,
 /// runs the request in a span that carries it, echoes it on the answer and writes the
 /// access log line.
-pub async fn track(access: AccessLog, request: Request, next: Next) -> Response {
+pub async fn track(access: Access, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let id = match request.headers().get(REQUEST_ID) {
         Some(value) if valid_request_id(value.as_bytes()) => value.clone(),
-        _ => new_id(),
+        // Hexadecimal digits: always a valid header value.
+        _ => {
+            HeaderValue::from_str(&access.ids.next()).unwrap_or(HeaderValue::from_static("unknown"))
+        }
     };
-    let method = request.method().clone();
-    // The route's template (bounded), and the path as sent, capped.
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|p| p.as_str().to_owned());
-    let path: String = request.uri().path().chars().take(256).collect();
+    // The route's template (bounded; shared, not copied).
+    let route = request.extensions().get::<MatchedPath>().cloned();
     let span = tracing::info_span!(
         "request",
         request_id = id.to_str().unwrap_or_default(),
-        %method,
-        path,
+        method = %request.method(),
+        path = logged_path(request.uri().path()),
     );
     let mut response = next.run(request).instrument(span.clone()).await;
-    if access.0 {
+    if access.log {
         let _entered = span.enter();
         tracing::info!(
             target: "access",
             status = response.status().as_u16(),
-            route = route.as_deref().unwrap_or("unmatched"),
+            route = route.as_ref().map_or("unmatched", MatchedPath::as_str),
             duration_ms = started.elapsed().as_secs_f64() * 1000.0,
             "answered"
         );
     }
     response.headers_mut().insert(REQUEST_ID, id);
     response
-}
-
-fn new_id() -> HeaderValue {
-    let id = uuid::Uuid::new_v4().simple().to_string();
-    // 32 hexadecimal digits: always a valid header value.
-    HeaderValue::from_str(&id).unwrap_or(HeaderValue::from_static("unknown"))
 }

@@ -32,6 +32,7 @@ use std::sync::atomic::AtomicBool;
 use crate::metrics::{self, Metrics};
 use crate::service::VoucherService;
 use crate::Error;
+use voucher_contract::request::RequestIds;
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -119,6 +120,10 @@ pub fn api_router(
     // every connection it serves: a handler holding the document as a JSON tree cost each
     // connection a deep copy of it, 660 KB, measured: 1,024 connections took a core from
     // 19 MiB to 705 MiB of resident memory, against 44 MiB on the metrics listener.)
+    let access = access::Access {
+        log: access_log,
+        ids: Arc::new(RequestIds::new(uuid::Uuid::new_v4().as_u64_pair().0)),
+    };
     let served_doc = bytes::Bytes::from(
         serde_json::to_vec(&openapi::complete(&doc)).unwrap_or_else(|_| b"{}".to_vec()),
     );
@@ -137,7 +142,7 @@ pub fn api_router(
         .layer(middleware::from_fn_with_state(metrics, metrics::track))
         .layer(middleware::from_fn(log_failures))
         .layer(middleware::from_fn(move |request, next| {
-            access::track(access::AccessLog(access_log), request, next)
+            access::track(access.clone(), request, next)
         }));
     (router, doc)
 }
