@@ -689,23 +689,7 @@ impl FlashStackBuilder {
             }
             None => None,
         };
-        let pool = PgPool::connect(&db.url).await.expect("test pool");
-        let gate = Gate::connect(&redis).await.expect("redis");
-        let progress = Progress::new(
-            settings.kafka.as_ref().expect("flash settings have kafka"),
-            voucher_core::store::Store::new(pool.clone()),
-        )
-        .expect("progress");
-        FlashStack {
-            db,
-            pool,
-            broker,
-            settings,
-            cores,
-            edge,
-            gate,
-            progress,
-        }
+        FlashStack::assemble(db, broker, settings, cores, edge).await
     }
 }
 
@@ -723,6 +707,35 @@ pub struct FlashStack {
 }
 
 impl FlashStack {
+    /// A stack of parts started elsewhere (a test with dependencies of its own), with the
+    /// test's own views of them: a pool, the gate as the cores see it, the writers' progress.
+    pub async fn assemble(
+        db: TestDb,
+        broker: Broker,
+        settings: Settings,
+        cores: Vec<TestApp>,
+        edge: Option<EdgeProcess>,
+    ) -> Self {
+        let pool = PgPool::connect(&db.url).await.expect("test pool");
+        let redis = settings.redis.as_ref().expect("flash settings have redis");
+        let gate = Gate::connect(redis).await.expect("redis");
+        let progress = Progress::new(
+            settings.kafka.as_ref().expect("flash settings have kafka"),
+            voucher_core::store::Store::new(pool.clone()),
+        )
+        .expect("progress");
+        FlashStack {
+            db,
+            pool,
+            broker,
+            settings,
+            cores,
+            edge,
+            gate,
+            progress,
+        }
+    }
+
     pub fn builder() -> FlashStackBuilder {
         FlashStackBuilder {
             cores: 1,

@@ -12,9 +12,6 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use reqwest::StatusCode;
 use sqlx::Connection;
 use voucher_core::config::KafkaSettings;
-use voucher_core::flash::events::progress::Progress;
-use voucher_core::flash::gate::Gate;
-use voucher_core::store::Store;
 use voucher_testkit::postgres::PostgresServer;
 use voucher_testkit::stack::{flash_settings, Broker, RedisServer};
 use voucher_testkit::tls::Certificates;
@@ -100,25 +97,8 @@ async fn a_flash_sale_runs_with_every_dependency_behind_tls() {
     metadata(kafka).await.expect("metadata over SASL_SSL");
 
     let core = TestApp::start(&settings).await;
-    let pool = sqlx::PgPool::connect(&db.url).await.expect("pool over TLS");
-    let gate = Gate::connect(settings.redis.as_ref().expect("redis"))
-        .await
-        .expect("gate over TLS");
-    let progress = Progress::new(
-        settings.kafka.as_ref().expect("kafka"),
-        Store::new(pool.clone()),
-    )
-    .expect("progress");
-    let env = FlashStack {
-        db,
-        pool,
-        broker,
-        settings,
-        cores: vec![core],
-        edge: None,
-        gate,
-        progress,
-    };
+    // The test's own pool, gate and progress views use the same TLS settings.
+    let env = FlashStack::assemble(db, broker, settings, vec![core], None).await;
     env.app().given_voucher(flash_voucher("TLS20", 20, 1)).await;
     let sale = Sale {
         in_flight: 50,

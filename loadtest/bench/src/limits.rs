@@ -84,32 +84,18 @@ impl Run {
         // Limits off: an edge started the same way (not the stack's, whose log goes to a
         // file: only the limits differ between the two).
         let plain = ExtraEdge::start(18484, 19484, &[]).await?;
-        self.stack.flag_sold_out(&code).await?;
-        for edge in [&counting, &plain] {
-            self.stack
-                .flag_sold_out_at(&edge.addr.to_string(), &code)
-                .await?;
-        }
-        // Interleaved, so that both see the same machine.
-        let off_1 = wrk_rate(plain.addr, &code).await;
-        let on_1 = wrk_rate(counting.addr, &code).await;
-        let off_2 = wrk_rate(plain.addr, &code).await;
-        let on_2 = wrk_rate(counting.addr, &code).await;
+        let (on, off) = self.interleaved(&code, &counting, &plain).await?;
         drop((counting, plain));
         let refusing = ExtraEdge::start(18481, 19481, &[("EDGE__RATE_LIMIT__PER_IP", "1")]).await?;
         let limited = wrk_rate(refusing.addr, &code).await;
         drop(refusing);
-        let mean = |a: Option<f64>, b: Option<f64>| match (a, b) {
-            (Some(a), Some(b)) => Some((a + b) / 2.0),
-            _ => None,
-        };
-        if let (Some(on), Some(off)) = (mean(on_1, on_2), mean(off_1, off_2)) {
+        if let (Some(on), Some(off)) = (on, off) {
             self.table.push(format!(
                 "| Edge reject path (409) with rate limits counting every request vs limits off (wrk, two runs each, interleaved) | {on:.0}/s | {off:.0}/s | {:.2} | per address and per customer, limits far above the load; wrk -t1 -c64 -d5s |",
                 on / off.max(1.0)
             ));
         }
-        if let (Some(limited), Some(off)) = (limited, mean(off_1, off_2)) {
+        if let (Some(limited), Some(off)) = (limited, off) {
             self.table.push(format!(
                 "| Edge 429 path (address over its 1/s) vs the 409 reject path (wrk) | {limited:.0}/s | {off:.0}/s | {:.2} | every answer 429 RATE_LIMITED with Retry-After |",
                 limited / off.max(1.0)
@@ -137,16 +123,7 @@ impl Run {
         };
         let logging = ExtraEdge::start_logging(18482, 19482, &env("all"), Some(logged)).await?;
         let silent = ExtraEdge::start_logging(18483, 19483, &env("off"), Some(quiet)).await?;
-        self.stack.flag_sold_out(&code).await?;
-        for edge in [&logging, &silent] {
-            self.stack
-                .flag_sold_out_at(&edge.addr.to_string(), &code)
-                .await?;
-        }
-        let off_1 = wrk_rate(silent.addr, &code).await;
-        let on_1 = wrk_rate(logging.addr, &code).await;
-        let off_2 = wrk_rate(silent.addr, &code).await;
-        let on_2 = wrk_rate(logging.addr, &code).await;
+        let (on, off) = self.interleaved(&code, &logging, &silent).await?;
         drop((logging, silent));
         let lines = std::fs::read_to_string(logged)
             .map(|t| {
@@ -156,8 +133,7 @@ impl Run {
             })
             .unwrap_or(0);
         let size = std::fs::metadata(logged).map(|m| m.len()).unwrap_or(0);
-        if let (Some(on_1), Some(on_2), Some(off_1), Some(off_2)) = (on_1, on_2, off_1, off_2) {
-            let (on, off) = ((on_1 + on_2) / 2.0, (off_1 + off_2) / 2.0);
+        if let (Some(on), Some(off)) = (on, off) {
             self.table.push(format!(
                 "| Edge reject path (409) with a JSON access line per request vs access log off (wrk, two runs each, interleaved) | {on:.0}/s | {off:.0}/s | {:.2} | {lines} access lines written ({:.0} bytes each) to a file on the same disk; wrk -t1 -c64 -d5s |",
                 on / off.max(1.0),
@@ -165,6 +141,28 @@ impl Run {
             ));
         }
         Ok(())
+    }
+
+    /// The sold-out reject path of `code` on edge `on` and on edge `off`, flagged on both:
+    /// the mean rate of two wrk runs each, interleaved so that both see the same machine.
+    async fn interleaved(
+        &self,
+        code: &str,
+        on: &ExtraEdge,
+        off: &ExtraEdge,
+    ) -> anyhow::Result<(Option<f64>, Option<f64>)> {
+        self.stack.flag_sold_out(code).await?;
+        for edge in [on, off] {
+            self.stack
+                .flag_sold_out_at(&edge.addr.to_string(), code)
+                .await?;
+        }
+        let off_1 = wrk_rate(off.addr, code).await;
+        let on_1 = wrk_rate(on.addr, code).await;
+        let off_2 = wrk_rate(off.addr, code).await;
+        let on_2 = wrk_rate(on.addr, code).await;
+        let mean = |a: Option<f64>, b: Option<f64>| Some((a? + b?) / 2.0);
+        Ok((mean(on_1, on_2), mean(off_1, off_2)))
     }
 
     /// RATE-LIMITS.md: the rows of [`Run::rate_limit_cost`] alone, with how they were made.
