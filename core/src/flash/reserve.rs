@@ -240,8 +240,12 @@ impl FlashPath {
                 if self.inner.gate.generation(&request.voucher_code).await? == Some(generation.0) {
                     self.trigger_rebuild(voucher.clone());
                 }
-                let answer = Error::unavailable("voucher gate (reloaded while recording)");
-                self.undo(request, record, answer).await.map(|_| ())
+                let answer = || Error::unavailable("voucher gate (reloaded while recording)");
+                // Never stored: an error whatever the undo answers.
+                match self.undo(request, record, answer()).await {
+                    Ok(_) => Err(answer()),
+                    Err(e) => Err(e),
+                }
             }
             Recorded::Refused(reason) => {
                 tracing::warn!(
