@@ -4,121 +4,16 @@
 //! voucher's size (loads and reads go in chunks), and reconciliation looks at what changed,
 //! not at every order. Run by `loadtest/big-voucher.sh`; writes `OUT/REPORT.md`.
 
-use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::invariants::{check_invariants, remember_accepted};
+use crate::latency::Latencies;
 use crate::load::{self, Plan};
 use crate::probe::{peak_rss_mib, reserve_body, Stack};
-use crate::{check_invariants, env_or, fmt_ms, remember_accepted};
-
-/// One slow-log entry: how long the call took and what it was.
-struct Slow {
-    micros: i64,
-    command: String,
-}
-
-async fn redis() -> anyhow::Result<redis::aio::MultiplexedConnection> {
-    let client = redis::Client::open(env_or("REDIS_URL", "redis://127.0.0.1:6379/"))?;
-    Ok(client.get_multiplexed_async_connection().await?)
-}
-
-/// Empties the slow log and sets its threshold.
-async fn slowlog_reset(threshold_us: i64) -> anyhow::Result<()> {
-    let mut conn = redis().await?;
-    redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("slowlog-log-slower-than")
-        .arg(threshold_us)
-        .query_async::<()>(&mut conn)
-        .await?;
-    redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("slowlog-max-len")
-        .arg(10_000)
-        .query_async::<()>(&mut conn)
-        .await?;
-    redis::cmd("SLOWLOG")
-        .arg("RESET")
-        .query_async::<()>(&mut conn)
-        .await?;
-    Ok(())
-}
-
-/// Every call the slow log kept since the reset, slowest first.
-async fn slowlog() -> anyhow::Result<Vec<Slow>> {
-    let mut conn = redis().await?;
-    let entries: Vec<redis::Value> = redis::cmd("SLOWLOG")
-        .arg("GET")
-        .arg(-1)
-        .query_async(&mut conn)
-        .await?;
-    let mut slow = Vec::new();
-    for entry in entries {
-        let redis::Value::Array(fields) = entry else {
-            continue;
-        };
-        let micros: i64 = fields
-            .get(2)
-            .map(redis::from_redis_value)
-            .transpose()?
-            .unwrap_or(0);
-        let words: Vec<String> = fields
-            .get(3)
-            .map(redis::from_redis_value)
-            .transpose()?
-            .unwrap_or_default();
-        let command = match words.as_slice() {
-            [verb, sha, ..] if verb.eq_ignore_ascii_case("EVALSHA") => {
-                format!("script {}", script_name(sha))
-            }
-            _ => words.into_iter().take(2).collect::<Vec<_>>().join(" "),
-        };
-        slow.push(Slow { micros, command });
-    }
-    slow.sort_by_key(|s| std::cmp::Reverse(s.micros));
-    Ok(slow)
-}
-
-/// The gate script whose SHA1 is `sha`.
-fn script_name(sha: &str) -> String {
-    voucher_core::flash::gate::SCRIPT_SOURCES
-        .iter()
-        .find(|(_, source)| redis::Script::new(source).get_hash() == sha)
-        .map_or_else(|| sha.to_owned(), |(name, _)| (*name).to_owned())
-}
-
-/// Calls slower than the threshold, per command, with the slowest of each.
-fn slow_by_command(slow: &[Slow]) -> String {
-    let mut by: Vec<(String, usize, i64)> = Vec::new();
-    for s in slow {
-        match by.iter_mut().find(|(c, _, _)| *c == s.command) {
-            Some(entry) => {
-                entry.1 += 1;
-                entry.2 = entry.2.max(s.micros);
-            }
-            None => by.push((s.command.clone(), 1, s.micros)),
-        }
-    }
-    by.iter()
-        .map(|(c, n, max)| format!("{c}: {n} (max {:.1} ms)", *max as f64 / 1000.0))
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
-fn slow_summary(slow: &[Slow], threshold_us: i64) -> String {
-    match slow.first() {
-        None => format!("no call over {:.1} ms", threshold_us as f64 / 1000.0),
-        Some(worst) => format!(
-            "{} calls over {:.1} ms; slowest {:.2} ms ({}); by command: {}",
-            slow.len(),
-            threshold_us as f64 / 1000.0,
-            worst.micros as f64 / 1000.0,
-            worst.command,
-            slow_by_command(slow)
-        ),
-    }
-}
+use crate::report::{fmt_ms, write_big_report};
+use crate::slowlog::{redis_memory_mib, slow_summary, slowlog, slowlog_reset};
+use crate::{BigArgs, StackArgs};
 
 /// The voucher's fields of `GET /vouchers/{code}`.
 async fn voucher(stack: &Stack, code: &str) -> anyhow::Result<serde_json::Value> {
@@ -129,19 +24,6 @@ async fn voucher(stack: &Stack, code: &str) -> anyhow::Result<serde_json::Value>
         .await?
         .json()
         .await?)
-}
-
-async fn redis_memory_mib() -> anyhow::Result<f64> {
-    let info: String = redis::cmd("INFO")
-        .arg("memory")
-        .query_async(&mut redis().await?)
-        .await?;
-    let bytes: f64 = info
-        .lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0);
-    Ok(bytes / (1024.0 * 1024.0))
 }
 
 /// Sum and count of the reconciliation histogram, and the entries it looked at.
@@ -159,26 +41,24 @@ async fn reconcile_counters(stack: &Stack) -> anyhow::Result<(f64, f64, f64)> {
     ))
 }
 
-fn percentiles(mut micros: Vec<u128>) -> String {
-    if micros.is_empty() {
-        return "-".into();
-    }
-    micros.sort_unstable();
-    let at = |p: f64| micros[((micros.len() - 1) as f64 * p) as usize] as f64 / 1000.0;
-    format!(
-        "p50 {:.2} / p99 {:.2} / max {:.2} ms",
-        at(0.5),
-        at(0.99),
-        at(1.0)
-    )
+/// p50, p99 and max of `latencies`, `-` without any.
+fn percentiles(latencies: Vec<Duration>) -> String {
+    Latencies::of(latencies).map_or("-".into(), |l| {
+        format!(
+            "p50 {:.2} / p99 {:.2} / max {:.2} ms",
+            l.percentile_ms(50.0),
+            l.percentile_ms(99.0),
+            l.percentile_ms(100.0)
+        )
+    })
 }
 
 /// Times, one at a time: a load chunk of `CHUNK` orders into a scratch gate, a page of the
 /// big voucher's orders (HSCAN), and a reconciliation snapshot of it.
-async fn calls_alone(code: &str) -> anyhow::Result<String> {
+async fn calls_alone(stack: &Stack, code: &str) -> anyhow::Result<String> {
     use voucher_core::domain::{Money, Voucher, VoucherCode, VoucherMode};
     use voucher_core::flash::gate::{Gate, OrderRecord, RecordState, CHUNK};
-    let gate = Gate::connect(&crate::redis_settings(&env_or("GATE_PREFIX", "vg:"))).await?;
+    let gate = Gate::connect(&stack.redis_settings(&stack.gate_prefix)).await?;
     let now = chrono::Utc::now();
     let scratch = Voucher {
         code: VoucherCode::parse(format!("{code}S")).map_err(|e| anyhow::anyhow!("{e:?}"))?,
@@ -212,7 +92,7 @@ async fn calls_alone(code: &str) -> anyhow::Result<String> {
             .collect();
         let started = Instant::now();
         gate.fill_load(&loading, &[], &orders).await?;
-        fills.push(started.elapsed().as_micros());
+        fills.push(started.elapsed());
     }
     gate.unload(&scratch.code).await?;
     let big = VoucherCode::parse(code).map_err(|e| anyhow::anyhow!("{e:?}"))?;
@@ -220,7 +100,7 @@ async fn calls_alone(code: &str) -> anyhow::Result<String> {
     for _ in 0..200 {
         let started = Instant::now();
         gate.snapshot(&big).await?;
-        snapshots.push(started.elapsed().as_micros());
+        snapshots.push(started.elapsed());
     }
     let started = Instant::now();
     let ids = gate.order_ids(&big).await?.map_or(0, |ids| ids.len());
@@ -233,19 +113,18 @@ async fn calls_alone(code: &str) -> anyhow::Result<String> {
     ))
 }
 
-pub async fn run(out: std::path::PathBuf) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&out)?;
-    let stack = Stack::from_env().await?;
-    let uses: u64 = env_or("USES", "1000000").parse()?;
-    let rate: u64 = env_or("BIG_RATE", "3000").parse()?;
-    let threshold_us: i64 = env_or("SLOW_US", "2000").parse()?;
+pub async fn run(stack_args: &StackArgs, args: &BigArgs) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.out)?;
+    let stack = Stack::connect(stack_args).await?;
+    let (uses, rate, threshold_us) = (args.uses, args.rate, args.slow_us);
+    let redis_url = stack.redis_url.as_str();
     let code = format!("BIG{}", chrono::Utc::now().format("%H%M%S"));
     let core: std::net::SocketAddr = stack.core.parse()?;
     let mut table = Vec::new();
 
     // 1. The sale: USES + 2% requests, one new customer each, at BIG_RATE, to a core.
-    slowlog_reset(threshold_us).await?;
-    let memory_before = redis_memory_mib().await?;
+    slowlog_reset(redis_url, threshold_us).await?;
+    let memory_before = redis_memory_mib(redis_url).await?;
     stack.create_voucher(&code, uses as i64, "flash").await?;
     let requests = uses + uses / 50;
     eprintln!("big voucher {code}: {uses} uses, {requests} requests at {rate}/s");
@@ -269,7 +148,7 @@ pub async fn run(out: std::path::PathBuf) -> anyhow::Result<()> {
     let sale_secs = started.elapsed().as_secs_f64();
     let issued = outcome.count(|s| s.status == 201);
     let (rows, used) = stack.wait_recorded(&code, issued as i64).await?;
-    let sale_slow = slowlog().await?;
+    let sale_slow = slowlog(redis_url).await?;
     let reconcile_after = reconcile_counters(&stack).await?;
     let rounds = reconcile_after.1 - reconcile_before.1;
     table.push(format!(
@@ -295,10 +174,10 @@ pub async fn run(out: std::path::PathBuf) -> anyhow::Result<()> {
         if rounds > 0.0 { (reconcile_after.0 - reconcile_before.0) / rounds * 1000.0 } else { 0.0 },
         if rounds > 0.0 { (reconcile_after.2 - reconcile_before.2) / rounds } else { 0.0 },
     ));
-    let memory = redis_memory_mib().await? - memory_before;
+    let memory = redis_memory_mib(redis_url).await? - memory_before;
 
     // 2. Reload: the operator drops the gate and it is loaded again from PostgreSQL.
-    slowlog_reset(threshold_us).await?;
+    slowlog_reset(redis_url, threshold_us).await?;
     let started = Instant::now();
     let reload = stack
         .http
@@ -317,7 +196,7 @@ pub async fn run(out: std::path::PathBuf) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let reload_slow = slowlog().await?;
+    let reload_slow = slowlog(redis_url).await?;
     table.push(format!(
         "| Reload from PostgreSQL (`POST /vouchers/{{code}}/gate/reload`) | {} | includes the rebuild's wait for publishes in flight (`kafka.message_timeout`) |",
         match reopened {
@@ -331,7 +210,7 @@ pub async fn run(out: std::path::PathBuf) -> anyhow::Result<()> {
     ));
 
     // 3. Reconciliation of the reloaded gate, a few rounds.
-    slowlog_reset(threshold_us).await?;
+    slowlog_reset(redis_url, threshold_us).await?;
     let before = reconcile_counters(&stack).await?;
     tokio::time::sleep(Duration::from_secs(10)).await;
     let after = reconcile_counters(&stack).await?;
@@ -343,7 +222,7 @@ pub async fn run(out: std::path::PathBuf) -> anyhow::Result<()> {
         "| Reconciliation after the reload (10 s) | {rounds:.0} rounds, mean {:.1} ms, {:.0} entries looked at per round; drift {drift} | {} |",
         if rounds > 0.0 { (after.0 - before.0) / rounds * 1000.0 } else { 0.0 },
         if rounds > 0.0 { (after.2 - before.2) / rounds } else { 0.0 },
-        slow_summary(&slowlog().await?, threshold_us),
+        slow_summary(&slowlog(redis_url).await?, threshold_us),
     ));
     table.push(format!(
         "| Memory | Redis used_memory grew {memory:.0} MiB over the sale (records, counts, claims); core peak RSS {} | |",
@@ -352,11 +231,11 @@ pub async fn run(out: std::path::PathBuf) -> anyhow::Result<()> {
 
     // 4. The same calls alone, on the quiet stack: what a call costs Redis itself, apart
     //    from the preemption a loaded two-core machine adds to everything on it.
-    slowlog_reset(threshold_us).await?;
-    let alone = calls_alone(&code).await?;
+    slowlog_reset(redis_url, threshold_us).await?;
+    let alone = calls_alone(&stack, &code).await?;
     table.push(format!(
         "| The gate's biggest calls alone, quiet stack (client-timed round trips) | {alone} | {} |",
-        slow_summary(&slowlog().await?, threshold_us)
+        slow_summary(&slowlog(redis_url).await?, threshold_us)
     ));
 
     // 5. The invariants, over every accepted reservation.
@@ -369,20 +248,5 @@ pub async fn run(out: std::path::PathBuf) -> anyhow::Result<()> {
         accepted.len()
     ));
 
-    let mut md = String::new();
-    writeln!(md, "# A flash voucher of {uses} uses\n")?;
-    writeln!(md, "- when: {}", chrono::Utc::now().to_rfc3339())?;
-    writeln!(md, "- machine: {}", crate::probe::machine())?;
-    writeln!(
-        md,
-        "- command: `USES={uses} BIG_RATE={rate} SLOW_US={threshold_us} ./loadtest/big-voucher.sh`"
-    )?;
-    writeln!(md, "- method: one request per new customer (per-user limit 1) sent to a core at a constant rate; Redis's own slow log (`slowlog-log-slower-than`) records every command, script or not, slower than the threshold; reconciliation figures are the core's `voucher_reconcile_duration_seconds` and `voucher_reconcile_checked_total`\n")?;
-    writeln!(md, "| measure | result | notes |\n|---|---|---|")?;
-    for row in &table {
-        writeln!(md, "{row}")?;
-    }
-    std::fs::write(out.join("REPORT.md"), &md)?;
-    print!("{md}");
-    Ok(())
+    write_big_report(args, &table)
 }
