@@ -10,12 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use crate::expiry::ExpiryJob;
-use crate::flash::events::consumer::EventConsumer;
-use crate::flash::events::monitor::ConsumerMonitor;
-use crate::flash::events::topics::ensure_topics;
-use crate::flash::gate::Gate;
-use crate::flash::reconcile::Reconciler;
-use crate::flash::FlashPath;
+use crate::flash::FlashJobs;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
 use crate::service::VoucherService;
@@ -27,9 +22,7 @@ pub struct Application {
     router: axum::Router,
     metrics_router: axum::Router,
     expiry: Option<ExpiryJob>,
-    consumer: Option<EventConsumer>,
-    monitor: Option<ConsumerMonitor>,
-    reconciler: Option<Reconciler>,
+    flash_jobs: Option<FlashJobs>,
     store: Store,
     draining: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -42,46 +35,10 @@ impl Application {
             store.migrate().await.context("applying migrations")?;
         }
         let metrics = Arc::new(Metrics::new());
-        let (flash, consumer, monitor, reconciler) = match (&settings.redis, &settings.kafka) {
-            (Some(redis), Some(kafka)) => {
-                ensure_topics(kafka)
-                    .await
-                    .context("creating Kafka topics")?;
-                let gate = Gate::connect(redis).await.context("connecting to Redis")?;
-                let flash = FlashPath::new(
-                    gate,
-                    kafka,
-                    store.clone(),
-                    metrics.clone(),
-                    settings.flash.clone(),
-                )?;
-                let monitor = ConsumerMonitor::new(
-                    flash.progress().clone(),
-                    metrics.clone(),
-                    flash.consumer_health().clone(),
-                    kafka.monitor_interval,
-                );
-                let consumer = if kafka.consume {
-                    Some(
-                        EventConsumer::new(kafka, store.clone(), metrics.clone())?
-                            .settling(flash.gate().clone()),
-                    )
-                } else {
-                    None
-                };
-                let reconciler = settings.flash.reconcile_enabled.then(|| Reconciler {
-                    flash: flash.clone(),
-                    store: store.clone(),
-                    metrics: metrics.clone(),
-                    interval: settings.flash.reconcile_interval,
-                    grace: settings.flash.reconcile_grace,
-                    catch_up_timeout: settings.flash.catch_up_timeout,
-                    cursors: Default::default(),
-                    exported: Default::default(),
-                });
-                (Some(flash), consumer, Some(monitor), reconciler)
-            }
-            _ => (None, None, None, None),
+        let flash = crate::flash::start(settings, store.clone(), metrics.clone()).await?;
+        let (flash, flash_jobs) = match flash {
+            Some(flash) => (Some(flash.path), Some(flash.jobs)),
+            None => (None, None),
         };
         let service = VoucherService::new(
             store.clone(),
@@ -124,9 +81,7 @@ impl Application {
                 pool: store.pool().clone(),
             }),
             expiry,
-            consumer,
-            monitor,
-            reconciler,
+            flash_jobs,
             store,
             draining,
         })
@@ -161,14 +116,8 @@ impl Application {
         if let Some(job) = self.expiry {
             background.spawn(job.run(shutdown.child_token()));
         }
-        if let Some(consumer) = self.consumer {
-            background.spawn(consumer.run(shutdown.child_token()));
-        }
-        if let Some(monitor) = self.monitor {
-            background.spawn(monitor.run(shutdown.child_token()));
-        }
-        if let Some(reconciler) = self.reconciler {
-            background.spawn(reconciler.run(shutdown.child_token()));
+        if let Some(jobs) = self.flash_jobs {
+            jobs.spawn(&mut background, &shutdown);
         }
         let mut metrics = tokio::task::JoinSet::new();
         metrics.spawn(

@@ -1,21 +1,25 @@
-//! Flash mode: the Redis gate decides, Kafka carries the decision, PostgreSQL records it.
+//! Flash mode: an atomic Redis gate filters each reservation, PostgreSQL has the last word
+//! on it, and Kafka carries the events to whoever reads them.
 //!
-//! A reservation answers 201 only after its event is acknowledged by the broker, so every
-//! 201 ends up as a row (the consumer is at-least-once and idempotent). When the broker's
-//! answer is ambiguous (a timeout: the event may or may not be written), the use stays held
-//! and the client gets 503; its retry with the same orderId re-publishes the same event and
-//! gets the 201 once that is acknowledged. A use whose event was certainly not written is
-//! given back at once; one whose event never reached the database is given back by
-//! reconciliation, after the consumer has caught up past any late write.
+//! With `flash.decision = "database"` (the default) a reservation the gate let through is
+//! committed by the recorder (grouped transactions, fenced by the gate's generation) before
+//! its 201; a refusal by PostgreSQL's constraints puts the gate's record and use back, and
+//! an unknown outcome (the database failed mid-commit) keeps the use held and answers 503.
+//! The event is published afterwards. With `flash.decision = "broker"`, the 201 waits for
+//! the broker's acknowledgement instead, and the writers turn events into rows; an
+//! ambiguous publish keeps the use held (503) and a retry re-publishes the same event.
+//!
+//! [`start`] is the front door: it builds the gate, the recorder, the publisher, the writers,
+//! the consumer monitor and reconciliation from the settings and hands back the
+//! [`FlashPath`] the HTTP layer calls and the [`FlashJobs`] that run beside it.
 //!
 //! Layout (every arrow points down: this module uses `store` and `domain`, never the reverse):
-//! - [`gate`]: the Redis gate, its Lua scripts and the per-order record they keep;
-//! - [`events`]: the event, its publisher, the consumer that writes it into PostgreSQL,
-//!   and "has the consumer written everything published so far?";
-//! - `reserve`: the reserve protocol (gate, claim, publish or record, acknowledge);
-//! - [`recorder`]: PostgreSQL's last word before a 201, in grouped transactions, when
-//!   `flash.decision = "database"`;
-//! - `settle`: confirm and release, which wait for the consumer to write the row;
+//! - [`gate`]: the Redis gate, one module per family of its Lua scripts (`lua/`);
+//! - [`events`]: the event, its publisher, the writers that put it into PostgreSQL, and
+//!   "has every published event been written?";
+//! - `reserve`: the reserve use case (gate, claim, record or publish, acknowledge);
+//! - [`recorder`]: PostgreSQL's last word before a 201, in grouped transactions;
+//! - `settle`: the confirm and release use cases, which act on the row first;
 //! - `give_back`: the one place a use goes back to the gate and the edges hear of it;
 //! - [`rebuild`]: a lost gate rebuilt from PostgreSQL once that is safe;
 //! - [`reconcile`]: the periodic comparison of gate and database, and its repairs.
@@ -33,18 +37,103 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::config::{Decision, FlashSettings, KafkaSettings};
+use anyhow::Context;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Decision, FlashSettings, KafkaSettings, Settings};
 use crate::domain::{Voucher, VoucherCode};
 use crate::metrics::Metrics;
 use crate::store::Store;
 use crate::{Error, Result};
-use events::monitor::ConsumerHealth;
+use events::consumer::EventConsumer;
+use events::monitor::{ConsumerHealth, ConsumerMonitor};
 use events::progress::Progress;
 use events::publisher::Publisher;
 use gate::Gate;
+use reconcile::Reconciler;
 use recorder::Recorder;
 
 pub use rebuild::Rebuild;
+
+/// Flash mode, started: the path reservations take and the jobs that keep it honest.
+pub struct Flash {
+    pub path: FlashPath,
+    pub jobs: FlashJobs,
+}
+
+/// The background jobs of flash mode; [`FlashJobs::spawn`] runs them until shutdown.
+pub struct FlashJobs {
+    /// The writers (absent with `kafka.consume = false`).
+    consumer: Option<EventConsumer>,
+    monitor: ConsumerMonitor,
+    /// Absent with `flash.reconcile_enabled = false`.
+    reconciler: Option<Reconciler>,
+}
+
+impl FlashJobs {
+    /// Spawns every job into `set`, each stopping when `shutdown` is cancelled.
+    pub fn spawn(self, set: &mut JoinSet<()>, shutdown: &CancellationToken) {
+        if let Some(consumer) = self.consumer {
+            set.spawn(consumer.run(shutdown.child_token()));
+        }
+        set.spawn(self.monitor.run(shutdown.child_token()));
+        if let Some(reconciler) = self.reconciler {
+            set.spawn(reconciler.run(shutdown.child_token()));
+        }
+    }
+}
+
+/// Starts flash mode when Redis and Kafka are both configured (`None` otherwise: every
+/// voucher then runs in standard mode). Creates the topics, connects the gate and loads its
+/// scripts, starts the recorder's workers, and builds the writers, the monitor and the
+/// reconciler, which [`FlashJobs::spawn`] runs.
+pub async fn start(
+    settings: &Settings,
+    store: Store,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<Option<Flash>> {
+    let (Some(redis), Some(kafka)) = (&settings.redis, &settings.kafka) else {
+        return Ok(None);
+    };
+    events::topics::ensure_topics(kafka)
+        .await
+        .context("creating Kafka topics")?;
+    let gate = Gate::connect(redis).await.context("connecting to Redis")?;
+    let path = FlashPath::new(
+        gate,
+        kafka,
+        store.clone(),
+        metrics.clone(),
+        settings.flash.clone(),
+    )?;
+    let monitor = ConsumerMonitor::new(
+        path.progress().clone(),
+        metrics.clone(),
+        path.consumer_health().clone(),
+        kafka.monitor_interval,
+    );
+    let consumer = if kafka.consume {
+        Some(
+            EventConsumer::new(kafka, store.clone(), metrics.clone())?
+                .settling(path.gate().clone()),
+        )
+    } else {
+        None
+    };
+    let reconciler = settings
+        .flash
+        .reconcile_enabled
+        .then(|| Reconciler::new(path.clone(), store, metrics, &settings.flash));
+    Ok(Some(Flash {
+        path,
+        jobs: FlashJobs {
+            consumer,
+            monitor,
+            reconciler,
+        },
+    }))
+}
 
 #[derive(Clone)]
 pub struct FlashPath {

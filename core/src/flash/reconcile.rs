@@ -34,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::gate::{GateSnapshot, GiveBack, RecordState, ReleaseOutcome, CHUNK};
 use super::FlashPath;
+use crate::config::FlashSettings;
 use crate::domain::{utc_from_millis, OrderId, ReservationStatus, Voucher, VoucherCode};
 use crate::metrics::Metrics;
 use crate::store::Store;
@@ -48,18 +49,18 @@ const RELEASED_PER_ROUND: i64 = 5_000;
 const RELEASED_MARGIN: chrono::Duration = chrono::Duration::seconds(60);
 
 pub struct Reconciler {
-    pub flash: FlashPath,
-    pub store: Store,
-    pub metrics: Arc<Metrics>,
-    pub interval: Duration,
+    flash: FlashPath,
+    store: Store,
+    metrics: Arc<Metrics>,
+    interval: Duration,
     /// How old a record's latest publish must be before its use may be given back.
-    pub grace: Duration,
-    pub catch_up_timeout: Duration,
+    grace: Duration,
+    catch_up_timeout: Duration,
     /// Where each voucher's incremental reads stand.
-    pub cursors: Mutex<HashMap<VoucherCode, Cursors>>,
+    cursors: Mutex<HashMap<VoucherCode, Cursors>>,
     /// Vouchers whose gauges this core exports: a voucher that leaves the live set has its
     /// series removed, not frozen at their last value.
-    pub exported: Mutex<std::collections::HashSet<String>>,
+    exported: Mutex<std::collections::HashSet<String>>,
 }
 
 /// Where one voucher's incremental reads stand between rounds.
@@ -88,6 +89,26 @@ pub struct VoucherReport {
 }
 
 impl Reconciler {
+    /// A reconciler of `flash`'s gates against `store`, paced by `settings`
+    /// (`reconcile_interval`, `reconcile_grace`, `catch_up_timeout`).
+    pub fn new(
+        flash: FlashPath,
+        store: Store,
+        metrics: Arc<Metrics>,
+        settings: &FlashSettings,
+    ) -> Self {
+        Self {
+            flash,
+            store,
+            metrics,
+            interval: settings.reconcile_interval,
+            grace: settings.reconcile_grace,
+            catch_up_timeout: settings.catch_up_timeout,
+            cursors: Mutex::default(),
+            exported: Mutex::default(),
+        }
+    }
+
     pub async fn run(self, shutdown: CancellationToken) {
         crate::periodic::every(self.interval, &shutdown, || async {
             if let Err(e) = self.run_once().await {

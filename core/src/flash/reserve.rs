@@ -270,7 +270,7 @@ impl FlashPath {
         let request = request.clone();
         tokio::spawn(async move {
             if let Err(e) = this.publish(&request, &record).await {
-                tracing::warn!(error = %e, order_id = %request.order_id, "event of a recorded use not published");
+                tracing::warn!(error = %crate::error::cause_chain(&e), order_id = %request.order_id, "event of a recorded use not published");
             }
         });
     }
@@ -306,14 +306,16 @@ impl FlashPath {
         also: MarkAlso,
     ) -> Result<Reservation> {
         let (code, order_id) = (&request.voucher_code, &request.order_id);
-        self.mark_best_effort(
-            code,
-            order_id,
-            &[RecordState::Pending],
-            RecordState::Accepted,
-            also,
-        )
-        .await;
+        self.inner
+            .gate
+            .mark_best_effort(
+                code,
+                order_id,
+                &[RecordState::Pending],
+                RecordState::Accepted,
+                also,
+            )
+            .await;
         record.state = RecordState::Accepted;
         record.reservation(code, order_id)
     }

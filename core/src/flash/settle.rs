@@ -16,14 +16,16 @@ impl FlashPath {
             .await?;
         // PostgreSQL decided. If Redis fails here the record stays a step behind (a retry of
         // the order then reports RESERVED, not CONFIRMED); it holds the use either way.
-        self.mark_best_effort(
-            code,
-            order_id,
-            &[RecordState::Pending, RecordState::Accepted],
-            RecordState::Confirmed,
-            MarkAlso::Settle,
-        )
-        .await;
+        self.inner
+            .gate
+            .mark_best_effort(
+                code,
+                order_id,
+                &[RecordState::Pending, RecordState::Accepted],
+                RecordState::Confirmed,
+                MarkAlso::Settle,
+            )
+            .await;
         Ok(confirmed)
     }
 
@@ -33,21 +35,6 @@ impl FlashPath {
             .await?;
         self.released_in_db(code, order_id).await;
         Ok(released)
-    }
-
-    /// Moves the order's gate record to `to` after the decision was made elsewhere (the
-    /// broker's ack, PostgreSQL's commit or confirm); a failure here is logged, not raised.
-    pub(super) async fn mark_best_effort(
-        &self,
-        code: &VoucherCode,
-        order_id: &OrderId,
-        from: &[RecordState],
-        to: RecordState,
-        also: MarkAlso,
-    ) {
-        if let Err(e) = self.inner.gate.mark(code, order_id, from, to, also).await {
-            tracing::warn!(error = %e.chain(), %order_id, ?to, "gate record not updated");
-        }
     }
 
     /// Runs `op` on the order's row; while the row is not written yet but the gate holds the

@@ -610,8 +610,8 @@ async fn delete_claims(prefix: &str) {
 /// A reconciler over the stack's gate and database, run by hand at a known moment.
 pub(crate) fn reconciler(env: &FlashStack) -> Reconciler {
     let store = Store::new(env.pool.clone());
-    Reconciler {
-        flash: FlashPath::new(
+    Reconciler::new(
+        FlashPath::new(
             env.gate.clone(),
             env.kafka(),
             store.clone(),
@@ -620,13 +620,9 @@ pub(crate) fn reconciler(env: &FlashStack) -> Reconciler {
         )
         .expect("flash path"),
         store,
-        metrics: Arc::new(Metrics::new()),
-        interval: Duration::from_secs(60),
-        grace: env.settings.flash.reconcile_grace,
-        catch_up_timeout: Duration::from_secs(30),
-        cursors: Default::default(),
-        exported: Default::default(),
-    }
+        Arc::new(Metrics::new()),
+        &env.settings.flash,
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1038,8 +1034,7 @@ async fn a_load_that_finds_the_gate_open_hands_it_the_new_generation() {
     let before = store.gate_generation(&code).await.expect("generation");
 
     let voucher = store.voucher(&code).await.expect("voucher");
-    let outcome = reconciler(&env)
-        .flash
+    let outcome = crate::gate_load::flash_path(&env)
         .load_from_database(&voucher)
         .await
         .expect("load ran");

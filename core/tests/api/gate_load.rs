@@ -15,7 +15,7 @@ use crate::flash::reconciler;
 use crate::invariants::Accepted;
 use crate::stack::{flash_voucher, redis_connection, FlashStack};
 
-fn flash_path(env: &FlashStack) -> FlashPath {
+pub(crate) fn flash_path(env: &FlashStack) -> FlashPath {
     FlashPath::new(
         env.gate.clone(),
         env.kafka(),

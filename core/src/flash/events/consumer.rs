@@ -176,7 +176,7 @@ impl EventConsumer {
                     continue;
                 }
                 Ok(Err(e)) => {
-                    tracing::warn!(error = %e, partition = owned.key.partition, "read error");
+                    tracing::warn!(error = %crate::error::cause_chain(&e), partition = owned.key.partition, "read error");
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
                 }
@@ -225,7 +225,7 @@ impl EventConsumer {
             match tokio::time::timeout_at(deadline, reader.recv()).await {
                 Ok(Ok(m)) => batch.push(m),
                 Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "read error while filling a batch");
+                    tracing::warn!(error = %crate::error::cause_chain(&e), "read error while filling a batch");
                     break;
                 }
                 Err(_) => break,
