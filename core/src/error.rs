@@ -71,6 +71,19 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// An error and every cause under it, `outer: inner: ...`: what a log line needs to say
+/// why (a bare `%e` prints the outermost message only).
+pub fn cause_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 impl Error {
     /// `dependency` cannot serve now, for a reason of our own (a gate rebuilding).
     pub fn unavailable(dependency: &'static str) -> Self {
@@ -154,14 +167,7 @@ impl Error {
 
     /// The error and every cause under it, `: `-separated, for the log.
     pub fn chain(&self) -> String {
-        let mut text = self.to_string();
-        let mut source = std::error::Error::source(self);
-        while let Some(cause) = source {
-            text.push_str(": ");
-            text.push_str(&cause.to_string());
-            source = cause.source();
-        }
-        text
+        cause_chain(self)
     }
 
     fn body(&self) -> serde_json::Value {

@@ -13,13 +13,13 @@ use pingora::proxy::FailToProxy;
 use pingora::{Error, ErrorType, Result};
 use secrecy::{ExposeSecret, SecretString};
 use voucher_contract::order_filter::{OrderFilter, MAX_BITS};
-use voucher_contract::request::{self, ReserveBody, VOUCHER_CODE};
-use voucher_contract::{headers, ErrorCode, Route, RETRY_AFTER_SECS};
+use voucher_contract::request;
+use voucher_contract::{headers, ErrorCode, Route};
 
 use crate::config::EdgeSettings;
 use crate::metrics::EdgeMetrics;
-use crate::rate_limit::{Limited, RateLimits};
-use crate::sold_out::{SoldOutCache, Verdict};
+use crate::rate_limit::RateLimits;
+use crate::sold_out::SoldOutCache;
 
 pub struct Edge {
     pub upstreams: Arc<LoadBalancer<RoundRobin>>,
@@ -38,95 +38,20 @@ pub const EDGE_HEALTH_PATH: &str = "/healthz";
 
 /// Per-request state carried between the phases.
 pub struct Ctx {
-    route: Route,
+    pub(crate) route: Route,
     /// A reservation's voucher code as the core reads it, when its request is one a core
     /// would take past its checks: the key of the voucher's one sold-out flag.
-    code: Option<String>,
+    pub(crate) code: Option<String>,
     started: Instant,
     /// What happened, for metrics: `forwarded` or why the edge answered.
     outcome: &'static str,
     /// Upstreams this request failed to reach, skipped when it is retried.
     failed: Vec<String>,
     /// The `x-request-id` this request goes on with (the client's valid one, or a new one).
-    request_id: String,
+    pub(crate) request_id: String,
 }
 
 impl Edge {
-    /// Writes a complete JSON answer from the edge, keeping the connection alive
-    /// (a Content-Length is what allows keep-alive).
-    async fn answer(
-        &self,
-        session: &mut Session,
-        status: u16,
-        code: ErrorCode,
-        message: &str,
-    ) -> Result<()> {
-        let body = serde_json::json!({ "error": code.as_str(), "message": message });
-        let mut extra = vec![(headers::ERROR_CODE, code.as_str().to_owned())];
-        if status == 503 || status == 429 {
-            extra.push((headers::RETRY_AFTER, RETRY_AFTER_SECS.to_string()));
-        }
-        write_json(session, status, &body, &extra).await
-    }
-
-    async fn too_large(&self, session: &mut Session) -> Result<()> {
-        let limit = self.settings.max_body_bytes;
-        let message = format!("the request body is larger than {limit} bytes");
-        self.answer(session, 413, ErrorCode::PayloadTooLarge, &message)
-            .await
-    }
-
-    /// Reads the whole request body (bounded in size, and in time: all of it within
-    /// `client_timeout`, so a body dribbled a byte at a time cannot hold a connection for
-    /// long) into pingora's retry buffer, from which it is sent upstream if the request is
-    /// forwarded. `None` when it is over the limit.
-    async fn read_body(&self, session: &mut Session) -> Result<Option<Bytes>> {
-        session.as_mut().enable_retry_buffering();
-        let limit = self.settings.max_body_bytes;
-        let read = async {
-            let mut body = Vec::new();
-            while let Some(chunk) = session.read_request_body().await? {
-                body.extend_from_slice(&chunk);
-                if body.len() > limit {
-                    return Ok(None);
-                }
-            }
-            Ok(Some(Bytes::from(body)))
-        };
-        match tokio::time::timeout(self.settings.client_timeout, read).await {
-            Ok(result) => result,
-            // A client's fault: answered 400 by fail_to_proxy, and the connection closed.
-            Err(_) => Err(Error::explain(
-                ErrorType::ReadTimedout,
-                "request body not received within client_timeout",
-            )
-            .into_down()),
-        }
-    }
-
-    async fn rate_limited(&self, session: &mut Session, by: Limited) -> Result<()> {
-        self.metrics
-            .rate_limited
-            .with_label_values(&[by.label()])
-            .inc();
-        // An unread body would cost the client its connection (it cannot be reused), and
-        // reconnecting costs the edge more than reading a few bytes: read what is left,
-        // bounded as every body is. (`read_body` has read the body of a reservation already.)
-        if by == Limited::Ip {
-            self.read_body(session).await?;
-        }
-        let message = match by {
-            Limited::Ip => {
-                "too many requests from this address; retry after the Retry-After seconds"
-            }
-            Limited::Customer => {
-                "too many reservations for this customer; retry after the Retry-After seconds"
-            }
-        };
-        self.answer(session, 429, ErrorCode::RateLimited, message)
-            .await
-    }
-
     /// Sets the sold-out flag of `code` and fetches its order filter from a core (one
     /// fetch per voucher at a time, and at most one per `order_fetch_interval`).
     fn flag_sold_out(&self, code: &str) {
@@ -176,7 +101,7 @@ impl Edge {
 
 /// Writes a complete JSON answer of the edge's own (`x-served-by: edge`), keeping the
 /// connection alive (a Content-Length is what allows keep-alive).
-async fn write_json(
+pub(crate) async fn write_json(
     session: &mut Session,
     status: u16,
     body: &serde_json::Value,
@@ -216,6 +141,12 @@ fn status_class(status: u16) -> &'static str {
     }
 }
 
+/// A reqwest error with its causes (a bare `to_string` says "error sending request" and
+/// hides why).
+fn cause_chain(e: reqwest::Error) -> String {
+    format!("{:#}", anyhow::Error::from(e))
+}
+
 /// The largest answer a filter can be: its header and `MAX_BITS` bits.
 const MAX_FILTER_BYTES: usize = 64 + (MAX_BITS / 8) as usize;
 
@@ -230,12 +161,12 @@ async fn fetch_filter(
         .bearer_auth(token.expose_secret())
         .send()
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(cause_chain)?;
     if !resp.status().is_success() {
         return Err(format!("core answered {}", resp.status()));
     }
     let mut body = Vec::with_capacity(resp.content_length().unwrap_or(0).min(1 << 24) as usize);
-    while let Some(chunk) = resp.chunk().await.map_err(|e| e.to_string())? {
+    while let Some(chunk) = resp.chunk().await.map_err(cause_chain)? {
         body.extend_from_slice(&chunk);
         if body.len() > MAX_FILTER_BYTES {
             return Err(format!("filter larger than {MAX_FILTER_BYTES} bytes"));
@@ -263,123 +194,12 @@ impl ProxyHttp for Edge {
         // Slow or stalled clients are cut off; the core never waits on them.
         let timeout = Some(self.settings.client_timeout);
         session.as_mut().set_read_timeout(timeout);
-        // The request id goes on in the request's own headers: forwarded to the core with
-        // them, and read back by `write_json` for the edge's own answers.
-        ctx.request_id = match session.req_header().headers.get(headers::REQUEST_ID) {
-            Some(v) if request::valid_request_id(v.as_bytes()) => {
-                String::from_utf8_lossy(v.as_bytes()).into_owned()
-            }
-            _ => {
-                let id = self.request_ids.next();
-                session
-                    .req_header_mut()
-                    .insert_header(headers::REQUEST_ID, &id)?;
-                id
-            }
-        };
-        let header = session.req_header();
-        // The edge's own liveness, whatever the cores do: a probe of the edge must not fail
-        // because every core is down (that is what /readyz of the cores is for).
-        if header.method == "GET" && header.uri.path() == EDGE_HEALTH_PATH {
-            ctx.outcome = "health";
-            write_json(session, 200, &serde_json::json!({ "status": "ok" }), &[]).await?;
-            return Ok(true);
-        }
-        ctx.route = Route::classify(header.method.as_str(), header.uri.path());
-        let declared = header
-            .headers
-            .get("content-length")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<usize>().ok());
-
-        let ip = session
-            .client_addr()
-            .and_then(|a| a.as_inet())
-            .map(|a| a.ip());
-        if let Err(by) = self.rate_limits.check_ip(ip) {
-            ctx.outcome = "rate_limited";
-            self.rate_limited(session, by).await?;
-            return Ok(true);
-        }
-        let header = session.req_header();
-        let header_bytes = header.uri.path_and_query().map_or(0, |p| p.as_str().len())
-            + header
-                .headers
-                .iter()
-                .map(|(name, value)| name.as_str().len() + value.len() + 4)
-                .sum::<usize>();
-        if header_bytes > self.settings.max_header_bytes {
-            ctx.outcome = "headers_too_large";
-            let message = format!(
-                "the request line and headers are larger than {} bytes",
-                self.settings.max_header_bytes
-            );
-            self.answer(session, 431, ErrorCode::HeadersTooLarge, &message)
-                .await?;
-            return Ok(true);
-        }
-        if ctx.route.is_admin() {
-            ctx.outcome = "admin_refused";
-            self.answer(
-                session,
-                403,
-                ErrorCode::Forbidden,
-                "admin calls are not served on the public listener",
-            )
-            .await?;
-            return Ok(true);
-        }
-        if declared.is_some_and(|n| n > self.settings.max_body_bytes) {
-            ctx.outcome = "too_large";
-            self.too_large(session).await?;
-            return Ok(true);
-        }
-        let Route::Reserve { code } = &ctx.route else {
+        let Some(answer) = self.screen(session, ctx).await? else {
             return Ok(false);
         };
-        // The route table forgives a trailing '/', the core's router does not (404): such a
-        // path is the core's to answer.
-        if session.req_header().uri.path().ends_with('/') {
-            return Ok(false);
-        }
-        // The code as the core reads it (percent-decoded, then checked): every spelling of
-        // a voucher meets its one flag, and one the core refuses never meets a flag.
-        let code = code.clone().filter(|c| VOUCHER_CODE.check(c).is_ok());
-        let json = session
-            .req_header()
-            .headers
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(request::is_json);
-        let Some(body) = self.read_body(session).await? else {
-            ctx.outcome = "too_large";
-            self.too_large(session).await?;
-            return Ok(true);
-        };
-        // Only a request a core would take past its checks is answered here; anything a
-        // core refuses (415, 400) goes to it, so the answer keeps the API's precedence.
-        let (Some(code), true, Some(reserve)) = (code, json, ReserveBody::read_checked(&body))
-        else {
-            return Ok(false);
-        };
-        if let Err(by) = self.rate_limits.check_customer(&reserve.customer_id) {
-            ctx.outcome = "rate_limited";
-            self.rate_limited(session, by).await?;
-            return Ok(true);
-        }
-        ctx.code = Some(code.clone());
-        if self.sold_out.verdict(&code, Some(&reserve.order_id)) == Verdict::SoldOut {
-            ctx.outcome = "sold_out";
-            self.answer(
-                session,
-                409,
-                ErrorCode::OutOfStock,
-                "the voucher has no uses left",
-            )
-            .await?;
-            return Ok(true);
-        }
-        Ok(false)
+        ctx.outcome = answer.outcome();
+        self.give(session, answer).await?;
+        Ok(true)
     }
 
     async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {

@@ -96,7 +96,7 @@ pub(super) async fn record_reserved(
     match record_batch(conn, batch, &fence, advance).await {
         Ok(result) => Ok(result),
         Err(e) if refusal(&e).is_some() => {
-            tracing::warn!(error = %e, "batch refused; recording its reservations one by one");
+            tracing::warn!(error = %crate::error::cause_chain(&e), "batch refused; recording its reservations one by one");
             record_one_by_one(conn, batch, &fence).await
         }
         Err(e) => Err(e.into()),
