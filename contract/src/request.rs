@@ -28,15 +28,30 @@ impl IdRule {
         if raw.len() > self.max_len {
             return Err(format!("must be at most {} characters", self.max_len));
         }
-        let allowed =
-            |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || self.extra.contains(&c);
-        if !raw.chars().all(allowed) {
+        if !raw.chars().all(|c| self.allows(c)) {
             let also: String = self.extra.iter().map(|c| format!(" '{c}'")).collect();
             return Err(format!(
                 "may contain only ASCII letters, digits, '-', '_'{also}"
             ));
         }
         Ok(())
+    }
+
+    /// Whether `c` may appear in such an identifier.
+    pub fn allows(&self, c: char) -> bool {
+        c.is_ascii_alphanumeric() || c == '-' || c == '_' || self.extra.contains(&c)
+    }
+
+    /// The rule as a regular expression, for the OpenAPI document's `pattern`.
+    pub fn pattern(&self) -> String {
+        let extra: String = self.extra.iter().collect();
+        format!("^[A-Za-z0-9_{extra}-]{{1,{}}}$", self.max_len)
+    }
+
+    /// The rule in words, for the OpenAPI document's descriptions.
+    pub fn describe(&self) -> String {
+        let extra: String = self.extra.iter().map(|c| format!(" {c}")).collect();
+        format!("1 to {} of A-Z a-z 0-9 - _{extra}", self.max_len)
     }
 }
 
@@ -55,6 +70,14 @@ pub const ORDER_ID: IdRule = IdRule {
 /// The caller's customer id: 1 to 64 characters.
 pub const CUSTOMER_ID: IdRule = IdRule {
     field: "customerId",
+    max_len: 64,
+    extra: &['.', ':'],
+};
+
+/// A client's `x-request-id` that is kept: 1 to 64 characters (a UUID, a trace id, a load
+/// balancer's id).
+pub const REQUEST_ID: IdRule = IdRule {
+    field: "x-request-id",
     max_len: 64,
     extra: &['.', ':'],
 };
@@ -103,14 +126,12 @@ pub fn logged_path(path: &str) -> &str {
     }
 }
 
-/// Whether a client's `x-request-id` is kept: 1 to 64 characters of `A-Z a-z 0-9 - _ . :`
-/// (a UUID, a trace id, a load balancer's id). Anything else is replaced by a new id, so
-/// that no client can put text of its choice, or a megabyte, into every log line.
+/// Whether a client's `x-request-id` is kept ([`REQUEST_ID`]). Anything else is replaced by
+/// a new id, so that no client can put text of its choice, or a megabyte, into every log
+/// line.
 pub fn valid_request_id(raw: &[u8]) -> bool {
-    (1..=64).contains(&raw.len())
-        && raw
-            .iter()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+    (1..=REQUEST_ID.max_len).contains(&raw.len())
+        && raw.iter().all(|&b| REQUEST_ID.allows(char::from(b)))
 }
 
 /// Whether a Content-Type header names JSON (`application/json`, any parameters), the only
@@ -214,6 +235,17 @@ impl ReserveBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_rules_patterns_and_words() {
+        assert_eq!(VOUCHER_CODE.pattern(), "^[A-Za-z0-9_-]{1,32}$");
+        assert_eq!(ORDER_ID.pattern(), "^[A-Za-z0-9_.:-]{1,64}$");
+        assert_eq!(ORDER_ID.describe(), "1 to 64 of A-Z a-z 0-9 - _ . :");
+        assert!(valid_request_id(b"a.b:c-d_e"));
+        assert!(!valid_request_id(b"a b"));
+        assert!(!valid_request_id("é".as_bytes()));
+        assert!(!valid_request_id(&[b'a'; 65]));
+    }
 
     #[test]
     fn made_ids_are_valid_and_distinct_and_logged_paths_are_capped() {

@@ -4,7 +4,9 @@
 //! of sold-out flags, and never reaches a core. Everything else is forwarded round-robin to
 //! the healthy cores.
 //!
-//! - [`edge`]: the `ProxyHttp` phases (admin refusal, body limit, the flag, upstream choice);
+//! - [`edge`]: the `ProxyHttp` phases (request id and refusals first, upstream choice,
+//!   setting flags from the cores' answers);
+//! - `refusals`: every answer the edge gives itself, as the named steps of `request_filter`;
 //! - [`sold_out`]: the flags and the order lists that let retries of holders through;
 //! - [`signals`]: drops a flag at once when a core announces a use given back;
 //! - [`config`], [`metrics`], [`server`]: the rest.
@@ -16,6 +18,7 @@ pub mod config;
 pub mod edge;
 pub mod metrics;
 pub mod rate_limit;
+mod refusals;
 pub mod server;
 pub mod signals;
 pub mod sold_out;

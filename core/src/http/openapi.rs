@@ -17,6 +17,7 @@
 
 use serde_json::{json, Map, Value};
 use utoipa::openapi::OpenApi as OpenApiDoc;
+use voucher_contract::request::{IdRule, CUSTOMER_ID, ORDER_ID, REQUEST_ID, VOUCHER_CODE};
 use voucher_contract::{headers, ErrorCode};
 
 const METHODS: [&str; 5] = ["get", "post", "put", "delete", "patch"];
@@ -52,6 +53,7 @@ pub fn complete(doc: &OpenApiDoc) -> Value {
     doc["components"]["schemas"]["ErrorBody"]["properties"]["error"]["enum"] =
         Value::Array(codes.clone());
     doc["components"]["headers"] = component_headers(codes);
+    apply_id_rules(&mut doc);
     let Some(paths) = doc["paths"].as_object_mut() else {
         return doc;
     };
@@ -68,9 +70,9 @@ pub fn complete(doc: &OpenApiDoc) -> Value {
 fn component_headers(codes: Vec<Value>) -> Value {
     json!({
         "RequestId": {
-            "description": "The request's id: the client's own when it is 1 to 64 of A-Z a-z 0-9 - _ . :, else one made by the edge (or the core). In both services' access logs.",
+            "description": format!("The request's id: the client's own when it is {}, else one made by the edge (or the core). In both services' access logs.", REQUEST_ID.describe()),
             "required": true,
-            "schema": {"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[A-Za-z0-9_.:-]{1,64}$"},
+            "schema": id_schema(&REQUEST_ID),
         },
         "ErrorCode": {
             "description": "The body's `error`, for proxies that act without reading bodies.",
@@ -93,6 +95,67 @@ fn component_headers(codes: Vec<Value>) -> Value {
             "schema": {"type": "string", "enum": ["edge"]},
         },
     })
+}
+
+/// The contract's identifier rules, by the name a path parameter or a body property has:
+/// the document states them from the one place edge and core check them, never as a
+/// copied regex.
+fn id_rule(name: &str) -> Option<(&'static IdRule, &'static str)> {
+    match name {
+        "code" => Some((&VOUCHER_CODE, "Voucher code")),
+        "orderId" => Some((&ORDER_ID, "The order's id")),
+        "customerId" => Some((&CUSTOMER_ID, "The customer's id")),
+        _ => None,
+    }
+}
+
+fn id_schema(rule: &IdRule) -> Value {
+    json!({"type": "string", "minLength": 1, "maxLength": rule.max_len, "pattern": rule.pattern()})
+}
+
+/// Puts each identifier's rule on every path parameter and string property named after it.
+fn apply_id_rules(doc: &mut Value) {
+    if let Some(schemas) = doc["components"]["schemas"].as_object_mut() {
+        for schema in schemas.values_mut() {
+            let Some(properties) = schema["properties"].as_object_mut() else {
+                continue;
+            };
+            for (name, property) in properties.iter_mut() {
+                let Some((rule, _)) = id_rule(name) else {
+                    continue;
+                };
+                if property["type"] == "string" {
+                    property["minLength"] = json!(1);
+                    property["maxLength"] = json!(rule.max_len);
+                    property["pattern"] = json!(rule.pattern());
+                }
+            }
+        }
+    }
+    let Some(paths) = doc["paths"].as_object_mut() else {
+        return;
+    };
+    for item in paths.values_mut() {
+        for method in METHODS {
+            let Some(parameters) = item
+                .get_mut(method)
+                .and_then(|o| o.get_mut("parameters"))
+                .and_then(Value::as_array_mut)
+            else {
+                continue;
+            };
+            for parameter in parameters.iter_mut() {
+                if parameter["in"] != "path" {
+                    continue;
+                }
+                let Some((rule, what)) = parameter["name"].as_str().and_then(id_rule) else {
+                    continue;
+                };
+                parameter["description"] = json!(format!("{what}: {}", rule.describe()));
+                parameter["schema"] = id_schema(rule);
+            }
+        }
+    }
 }
 
 fn header_ref(name: &str) -> Value {

@@ -7,6 +7,7 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use utoipa::ToSchema;
+use voucher_contract::headers;
 use voucher_contract::request::ReserveBody;
 
 use super::extract::{ApiJson, ApiPath};
@@ -17,8 +18,8 @@ use crate::domain::{
 use crate::store::ReserveOutcome;
 use crate::Result;
 
-/// Set on a 201 that answers a retry: the body is the first answer, nothing was consumed.
-pub const REPLAYED_HEADER: HeaderName = HeaderName::from_static("idempotent-replayed");
+/// Set on a 201 that answers a retry: nothing was consumed.
+const REPLAYED_HEADER: HeaderName = HeaderName::from_static(headers::IDEMPOTENT_REPLAYED);
 
 /// A request to hold one use of the voucher for an order: the document's picture of
 /// `voucher_contract::request::ReserveBody`, which is what the handler reads (the edge
@@ -29,16 +30,11 @@ pub const REPLAYED_HEADER: HeaderName = HeaderName::from_static("idempotent-repl
 pub struct Reserve {
     /// A string, or a whole number (as clients that keep customer ids as `long` send it):
     /// `42` and `"42"` are the same customer.
-    #[schema(value_type = String, example = "customer-42", min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9_.:-]{1,64}$")]
+    #[schema(value_type = String, example = "customer-42")]
     customer_id: String,
     /// Made by the caller; the idempotency key: a retry with the same orderId and body
     /// gets the same answer and consumes nothing.
-    #[schema(
-        example = "order-2026-0001",
-        min_length = 1,
-        max_length = 64,
-        pattern = r"^[A-Za-z0-9_.:-]{1,64}$"
-    )]
+    #[schema(example = "order-2026-0001")]
     order_id: String,
     /// Order total in minor units, > 0.
     #[schema(example = 250000, minimum = 1, maximum = 1_000_000_000_000_000_i64)]
@@ -95,7 +91,7 @@ impl From<&Reservation> for ReservationView {
 /// Reserve one use of a voucher for an order.
 #[utoipa::path(
     post, path = "/vouchers/{code}/reservations", tag = "reservations",
-    params(("code" = String, Path, description = "Voucher code: 1 to 32 of A-Z a-z 0-9 - _", min_length = 1, max_length = 32, pattern = r"^[A-Za-z0-9_-]{1,32}$")),
+    params(("code" = String, Path)),
     request_body = Reserve,
     responses(
         (status = 201, description = "Reserved; also the answer to a retry of the same request \
@@ -133,8 +129,8 @@ pub async fn reserve(
 #[utoipa::path(
     post, path = "/vouchers/{code}/reservations/{orderId}/confirm", tag = "reservations",
     params(
-        ("code" = String, Path, description = "Voucher code: 1 to 32 of A-Z a-z 0-9 - _", min_length = 1, max_length = 32, pattern = r"^[A-Za-z0-9_-]{1,32}$"),
-        ("orderId" = String, Path, description = "The order's id: 1 to 64 of A-Z a-z 0-9 - _ . :", min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9_.:-]{1,64}$"),
+        ("code" = String, Path),
+        ("orderId" = String, Path),
     ),
     responses(
         (status = 200, description = "CONFIRMED (also when it already was)", body = ReservationView),
@@ -149,17 +145,15 @@ pub async fn confirm(
     State(state): State<AppState>,
     ApiPath((code, order_id)): ApiPath<(String, String)>,
 ) -> Result<Json<ReservationView>> {
-    let (code, order_id) = (VoucherCode::parse(code)?, OrderId::parse(order_id)?);
-    let reservation = state.service.confirm(&code, &order_id).await?;
-    Ok(Json(ReservationView::from(&reservation)))
+    settle(&state, code, order_id, Settle::Confirm).await
 }
 
 /// Release a reservation (order cancelled) and give its use back. Idempotent.
 #[utoipa::path(
     delete, path = "/vouchers/{code}/reservations/{orderId}", tag = "reservations",
     params(
-        ("code" = String, Path, description = "Voucher code: 1 to 32 of A-Z a-z 0-9 - _", min_length = 1, max_length = 32, pattern = r"^[A-Za-z0-9_-]{1,32}$"),
-        ("orderId" = String, Path, description = "The order's id: 1 to 64 of A-Z a-z 0-9 - _ . :", min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9_.:-]{1,64}$"),
+        ("code" = String, Path),
+        ("orderId" = String, Path),
     ),
     responses(
         (status = 200, description = "RELEASED (also when it already was)", body = ReservationView),
@@ -174,7 +168,28 @@ pub async fn release(
     State(state): State<AppState>,
     ApiPath((code, order_id)): ApiPath<(String, String)>,
 ) -> Result<Json<ReservationView>> {
+    settle(&state, code, order_id, Settle::Release).await
+}
+
+/// What happens to a held use once the order is decided.
+#[derive(Debug, Clone, Copy)]
+enum Settle {
+    Confirm,
+    Release,
+}
+
+/// Confirm and release have one shape: the path's ids parsed, the use case run on the
+/// order's row, the reservation as it now stands answered.
+async fn settle(
+    state: &AppState,
+    code: String,
+    order_id: String,
+    how: Settle,
+) -> Result<Json<ReservationView>> {
     let (code, order_id) = (VoucherCode::parse(code)?, OrderId::parse(order_id)?);
-    let reservation = state.service.release(&code, &order_id).await?;
+    let reservation = match how {
+        Settle::Confirm => state.service.confirm(&code, &order_id).await?,
+        Settle::Release => state.service.release(&code, &order_id).await?,
+    };
     Ok(Json(ReservationView::from(&reservation)))
 }

@@ -1,0 +1,290 @@
+//! The edge's own answers: every refusal `request_filter` can give, each a named step, run
+//! in the order of the README's precedence (health, per-address rate, header size, admin
+//! calls, declared body size, then a reservation's body, per-customer rate and sold-out
+//! flag). A step returns the answer it gives, or `None` to let the next one look; the
+//! first answer is written and the request goes no further.
+
+use std::net::IpAddr;
+
+use bytes::Bytes;
+use pingora::prelude::Session;
+use pingora::{Error, ErrorType, Result};
+use voucher_contract::request::{self, ReserveBody, VOUCHER_CODE};
+use voucher_contract::{headers, ErrorCode, Route, RETRY_AFTER_SECS};
+
+use crate::edge::{write_json, Ctx, Edge, EDGE_HEALTH_PATH};
+use crate::rate_limit::Limited;
+use crate::sold_out::Verdict;
+
+/// An answer the edge gives without a core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OwnAnswer {
+    /// `GET /healthz`: the edge's own liveness.
+    Health,
+    /// 429: over the per-address or per-customer rate.
+    RateLimited(Limited),
+    /// 431: request line and headers over `max_header_bytes`.
+    HeadersTooLarge,
+    /// 403: admin calls are not served on the public listener.
+    AdminRefused,
+    /// 413: a declared or streamed body over `max_body_bytes`.
+    TooLarge,
+    /// 409 `OUT_OF_STOCK`: a new order for a voucher flagged sold out.
+    SoldOut,
+}
+
+impl OwnAnswer {
+    /// The metrics' and access log's outcome.
+    pub(crate) fn outcome(self) -> &'static str {
+        match self {
+            Self::Health => "health",
+            Self::RateLimited(_) => "rate_limited",
+            Self::HeadersTooLarge => "headers_too_large",
+            Self::AdminRefused => "admin_refused",
+            Self::TooLarge => "too_large",
+            Self::SoldOut => "sold_out",
+        }
+    }
+}
+
+impl Edge {
+    /// Runs the steps in order: `Some` when the edge answers the request itself.
+    pub(crate) async fn screen(
+        &self,
+        session: &mut Session,
+        ctx: &mut Ctx,
+    ) -> Result<Option<OwnAnswer>> {
+        self.assign_request_id(session, ctx)?;
+        if is_health_probe(session) {
+            return Ok(Some(OwnAnswer::Health));
+        }
+        let header = session.req_header();
+        ctx.route = Route::classify(header.method.as_str(), header.uri.path());
+        let early = self
+            .over_address_rate(session)
+            .or_else(|| self.headers_too_large(session))
+            .or_else(|| admin_refused(&ctx.route))
+            .or_else(|| self.declared_too_large(session));
+        if early.is_some() {
+            return Ok(early);
+        }
+        self.screen_reservation(session, ctx).await
+    }
+
+    /// Writes `answer`.
+    pub(crate) async fn give(&self, session: &mut Session, answer: OwnAnswer) -> Result<()> {
+        match answer {
+            OwnAnswer::Health => {
+                write_json(session, 200, &serde_json::json!({ "status": "ok" }), &[]).await
+            }
+            OwnAnswer::RateLimited(by) => self.rate_limited(session, by).await,
+            OwnAnswer::HeadersTooLarge => {
+                let message = format!(
+                    "the request line and headers are larger than {} bytes",
+                    self.settings.max_header_bytes
+                );
+                self.answer(session, 431, ErrorCode::HeadersTooLarge, &message)
+                    .await
+            }
+            OwnAnswer::AdminRefused => {
+                self.answer(
+                    session,
+                    403,
+                    ErrorCode::Forbidden,
+                    "admin calls are not served on the public listener",
+                )
+                .await
+            }
+            OwnAnswer::TooLarge => self.too_large(session).await,
+            OwnAnswer::SoldOut => {
+                self.answer(
+                    session,
+                    409,
+                    ErrorCode::OutOfStock,
+                    "the voucher has no uses left",
+                )
+                .await
+            }
+        }
+    }
+
+    /// Keeps the client's valid `x-request-id` or puts a new one in the request's own
+    /// headers: forwarded to the core with them, and read back by `write_json` for the
+    /// edge's own answers.
+    fn assign_request_id(&self, session: &mut Session, ctx: &mut Ctx) -> Result<()> {
+        ctx.request_id = match session.req_header().headers.get(headers::REQUEST_ID) {
+            Some(v) if request::valid_request_id(v.as_bytes()) => {
+                String::from_utf8_lossy(v.as_bytes()).into_owned()
+            }
+            _ => {
+                let id = self.request_ids.next();
+                session
+                    .req_header_mut()
+                    .insert_header(headers::REQUEST_ID, &id)?;
+                id
+            }
+        };
+        Ok(())
+    }
+
+    fn over_address_rate(&self, session: &Session) -> Option<OwnAnswer> {
+        let ip: Option<IpAddr> = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip());
+        self.rate_limits
+            .check_ip(ip)
+            .err()
+            .map(OwnAnswer::RateLimited)
+    }
+
+    fn headers_too_large(&self, session: &Session) -> Option<OwnAnswer> {
+        let header = session.req_header();
+        let header_bytes = header.uri.path_and_query().map_or(0, |p| p.as_str().len())
+            + header
+                .headers
+                .iter()
+                .map(|(name, value)| name.as_str().len() + value.len() + 4)
+                .sum::<usize>();
+        (header_bytes > self.settings.max_header_bytes).then_some(OwnAnswer::HeadersTooLarge)
+    }
+
+    fn declared_too_large(&self, session: &Session) -> Option<OwnAnswer> {
+        let declared = session
+            .req_header()
+            .headers
+            .get("content-length")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        declared
+            .is_some_and(|n| n > self.settings.max_body_bytes)
+            .then_some(OwnAnswer::TooLarge)
+    }
+
+    /// A reservation's own steps: its body is read (bounded), then the per-customer rate
+    /// and the voucher's sold-out flag. Only a request a core would take past its checks is
+    /// answered here; anything a core refuses (415, 400) goes to it, so the answer keeps
+    /// the API's precedence.
+    async fn screen_reservation(
+        &self,
+        session: &mut Session,
+        ctx: &mut Ctx,
+    ) -> Result<Option<OwnAnswer>> {
+        let Route::Reserve { code } = &ctx.route else {
+            return Ok(None);
+        };
+        // The route table forgives a trailing '/', the core's router does not (404): such a
+        // path is the core's to answer.
+        if session.req_header().uri.path().ends_with('/') {
+            return Ok(None);
+        }
+        // The code as the core reads it (percent-decoded, then checked): every spelling of
+        // a voucher meets its one flag, and one the core refuses never meets a flag.
+        let code = code.clone().filter(|c| VOUCHER_CODE.check(c).is_ok());
+        let json = session
+            .req_header()
+            .headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(request::is_json);
+        let Some(body) = self.read_body(session).await? else {
+            return Ok(Some(OwnAnswer::TooLarge));
+        };
+        let (Some(code), true, Some(reserve)) = (code, json, ReserveBody::read_checked(&body))
+        else {
+            return Ok(None);
+        };
+        if let Err(by) = self.rate_limits.check_customer(&reserve.customer_id) {
+            return Ok(Some(OwnAnswer::RateLimited(by)));
+        }
+        let sold_out = self.sold_out.verdict(&code, Some(&reserve.order_id)) == Verdict::SoldOut;
+        ctx.code = Some(code);
+        Ok(sold_out.then_some(OwnAnswer::SoldOut))
+    }
+
+    /// Writes a complete JSON answer from the edge, keeping the connection alive
+    /// (a Content-Length is what allows keep-alive).
+    pub(crate) async fn answer(
+        &self,
+        session: &mut Session,
+        status: u16,
+        code: ErrorCode,
+        message: &str,
+    ) -> Result<()> {
+        let body = serde_json::json!({ "error": code.as_str(), "message": message });
+        let mut extra = vec![(headers::ERROR_CODE, code.as_str().to_owned())];
+        if status == 503 || status == 429 {
+            extra.push((headers::RETRY_AFTER, RETRY_AFTER_SECS.to_string()));
+        }
+        write_json(session, status, &body, &extra).await
+    }
+
+    async fn too_large(&self, session: &mut Session) -> Result<()> {
+        let limit = self.settings.max_body_bytes;
+        let message = format!("the request body is larger than {limit} bytes");
+        self.answer(session, 413, ErrorCode::PayloadTooLarge, &message)
+            .await
+    }
+
+    /// Reads the whole request body (bounded in size, and in time: all of it within
+    /// `client_timeout`, so a body dribbled a byte at a time cannot hold a connection for
+    /// long) into pingora's retry buffer, from which it is sent upstream if the request is
+    /// forwarded. `None` when it is over the limit.
+    pub(crate) async fn read_body(&self, session: &mut Session) -> Result<Option<Bytes>> {
+        session.as_mut().enable_retry_buffering();
+        let limit = self.settings.max_body_bytes;
+        let read = async {
+            let mut body = Vec::new();
+            while let Some(chunk) = session.read_request_body().await? {
+                body.extend_from_slice(&chunk);
+                if body.len() > limit {
+                    return Ok(None);
+                }
+            }
+            Ok(Some(Bytes::from(body)))
+        };
+        match tokio::time::timeout(self.settings.client_timeout, read).await {
+            Ok(result) => result,
+            // A client's fault: answered 400 by fail_to_proxy, and the connection closed.
+            Err(_) => Err(Error::explain(
+                ErrorType::ReadTimedout,
+                "request body not received within client_timeout",
+            )
+            .into_down()),
+        }
+    }
+
+    async fn rate_limited(&self, session: &mut Session, by: Limited) -> Result<()> {
+        self.metrics
+            .rate_limited
+            .with_label_values(&[by.label()])
+            .inc();
+        // An unread body would cost the client its connection (it cannot be reused), and
+        // reconnecting costs the edge more than reading a few bytes: read what is left,
+        // bounded as every body is. (`read_body` has read the body of a reservation already.)
+        if by == Limited::Ip {
+            self.read_body(session).await?;
+        }
+        let message = match by {
+            Limited::Ip => {
+                "too many requests from this address; retry after the Retry-After seconds"
+            }
+            Limited::Customer => {
+                "too many reservations for this customer; retry after the Retry-After seconds"
+            }
+        };
+        self.answer(session, 429, ErrorCode::RateLimited, message)
+            .await
+    }
+}
+
+/// The edge's own liveness, whatever the cores do: a probe of the edge must not fail
+/// because every core is down (that is what /readyz of the cores is for).
+fn is_health_probe(session: &Session) -> bool {
+    let header = session.req_header();
+    header.method == "GET" && header.uri.path() == EDGE_HEALTH_PATH
+}
+
+fn admin_refused(route: &Route) -> Option<OwnAnswer> {
+    route.is_admin().then_some(OwnAnswer::AdminRefused)
+}
