@@ -1,14 +1,12 @@
-//! `voucher-campaign`: runs the seeded fault campaign and writes its report.
-//!
-//! Environment: `SEED` (default 1), `ROUNDS` (default 100), `FAULTS` (comma-separated
-//! names, default all), `DECISION` (`database`, the default, or `broker`: the cores'
-//! `flash.decision`), `SIZE` (`full` or `short`), `BIN_DIR` (where voucher-core and
-//! voucher-edge are), `OUT` (the report's directory), `CAMPAIGN_LOGS` (where the cores'
-//! logs of failed rounds are copied; none when unset). Exits 1 when a round failed.
+//! `voucher-campaign`: runs the seeded fault campaign and writes its report. Every option
+//! is a flag or the environment variable of its name (`--seed` or `SEED`, ...); see
+//! `voucher-campaign --help`. Exits 1 when a round failed.
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::time::Instant;
 
+use clap::Parser;
 use voucher_campaign::fault::Fault;
 use voucher_campaign::report;
 use voucher_campaign::round::RoundSize;
@@ -16,32 +14,67 @@ use voucher_campaign::stack::{Binaries, RECONCILE_GRACE, RECONCILE_INTERVAL};
 use voucher_campaign::Campaign;
 use voucher_core::config::Decision;
 
-fn env_or(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+/// Runs the seeded fault campaign and writes its report. Exits 1 when a round failed.
+// The paths are strings, as they were before clap: clap refuses an empty `PathBuf`.
+#[derive(Debug, Parser)]
+struct Args {
+    /// The seed: the same seed, the same rounds, faults, moments and customer choices.
+    #[arg(long, env = "SEED", default_value_t = 1)]
+    seed: u64,
+    /// How many rounds.
+    #[arg(long, env = "ROUNDS", default_value_t = 100)]
+    rounds: usize,
+    /// The faults to draw from, comma-separated names (all of them when unset).
+    #[arg(long, env = "FAULTS", value_delimiter = ',', value_parser = parse_fault)]
+    faults: Vec<Fault>,
+    /// `short` rounds, or `full` ones (anything but `short` is full).
+    #[arg(long, env = "SIZE", default_value = "full")]
+    size: String,
+    /// Who has the last word before a 201, `database` or `broker` (the cores'
+    /// `flash.decision`).
+    #[arg(long, env = "DECISION", default_value = "database", value_parser = parse_decision)]
+    decision: Decision,
+    /// Where voucher-core and voucher-edge are.
+    #[arg(long, env = "BIN_DIR", default_value = "target/release")]
+    bin_dir: String,
+    /// The report's directory.
+    #[arg(long, env = "OUT", default_value = "reports/campaign")]
+    out: String,
+    /// Where the cores' logs of failed rounds are copied (nowhere when unset).
+    #[arg(long, env = "CAMPAIGN_LOGS")]
+    campaign_logs: Option<String>,
+}
+
+fn parse_fault(name: &str) -> Result<Fault, String> {
+    Fault::parse(name).ok_or_else(|| format!("unknown fault {name:?}"))
+}
+
+fn parse_decision(name: &str) -> Result<Decision, String> {
+    match name {
+        "broker" => Ok(Decision::Broker),
+        "database" => Ok(Decision::Database),
+        other => Err(format!(
+            "DECISION must be broker or database, not {other:?}"
+        )),
+    }
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let seed: u64 = env_or("SEED", "1").parse()?;
-    let rounds: usize = env_or("ROUNDS", "100").parse()?;
-    let faults = match std::env::var("FAULTS") {
-        Ok(names) => names
-            .split(',')
-            .map(|n| Fault::parse(n).ok_or_else(|| anyhow::anyhow!("unknown fault {n:?}")))
-            .collect::<anyhow::Result<Vec<_>>>()?,
-        Err(_) => Fault::ALL.to_vec(),
+    let args = Args::parse();
+    let (seed, rounds, decision) = (args.seed, args.rounds, args.decision);
+    let faults = if args.faults.is_empty() {
+        Fault::ALL.to_vec()
+    } else {
+        args.faults
     };
-    let size = match env_or("SIZE", "full").as_str() {
+    let size = match args.size.as_str() {
         "short" => RoundSize::SHORT,
         _ => RoundSize::FULL,
     };
-    let decision = match env_or("DECISION", "database").as_str() {
-        "broker" => Decision::Broker,
-        "database" => Decision::Database,
-        other => anyhow::bail!("DECISION must be broker or database, not {other:?}"),
-    };
-    let binaries = Binaries::in_dir(env_or("BIN_DIR", "target/release"))?;
-    let out = std::path::PathBuf::from(env_or("OUT", "reports/campaign"));
+    let binaries = Binaries::in_dir(args.bin_dir)?;
+    let out = PathBuf::from(args.out);
+    let logs = args.campaign_logs.map(PathBuf::from);
 
     let campaign = Campaign {
         seed,
@@ -53,7 +86,7 @@ async fn main() -> anyhow::Result<()> {
 
     let started = Instant::now();
     let outcomes = campaign
-        .run(&binaries, |o| {
+        .run(&binaries, logs.as_deref(), |o| {
             eprintln!(
                 "round {:>3} {:<20} {}",
                 o.plan.index,

@@ -2,6 +2,8 @@
 //! faults (a core killed, the broker frozen, the broker killed, events duplicated), on
 //! debug binaries, checked exactly as the full campaign checks.
 
+use std::path::PathBuf;
+
 use voucher_campaign::fault::Fault;
 use voucher_campaign::rng::Rng;
 use voucher_campaign::round::{RoundPlan, RoundSize};
@@ -27,7 +29,9 @@ async fn slice(seed: u64, decision: Decision, faults: &[Fault]) -> Vec<String> {
         .enumerate()
         .map(|(i, fault)| RoundPlan::draw(i, *fault, RoundSize::SHORT, &mut rng))
         .collect();
-    let outcomes = run_plans(&binaries(), decision, plans, |o| {
+    // Where the campaign's `CAMPAIGN_LOGS` puts the cores' logs of a failed round.
+    let logs = std::env::var_os("CAMPAIGN_LOGS").map(PathBuf::from);
+    let outcomes = run_plans(&binaries(), decision, plans, logs.as_deref(), |o| {
         eprintln!(
             "{} {:?} {:?}",
             o.plan.fault.name(),
