@@ -11,7 +11,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::{wrk_rate, Run};
+use crate::run::Run;
+use crate::wrk::wrk_rate;
 
 /// An edge of the benchmark's own next to the stack's, with `EDGE__*` settings on top of
 /// `config/edge.yaml`; killed when dropped.
@@ -163,24 +164,5 @@ impl Run {
         let on_2 = wrk_rate(on.addr, code).await;
         let mean = |a: Option<f64>, b: Option<f64>| Some((a? + b?) / 2.0);
         Ok((mean(on_1, on_2), mean(off_1, off_2)))
-    }
-
-    /// RATE-LIMITS.md: the rows of [`Run::rate_limit_cost`] alone, with how they were made.
-    pub(crate) fn write_rate_limits(&self) -> anyhow::Result<()> {
-        let mut md = String::from("# What the edge's rate limits and access log cost\n\n");
-        md.push_str(&format!(
-            "- when: {}\n- machine: {}\n- command: `BENCH_ONLY=rate-limits ./loadtest/bench.sh`\n\
-             - each edge: the release binary with `config/edge.yaml`; wrk from the same 2 shared cores\n\n",
-            chrono::Utc::now().to_rfc3339(),
-            crate::probe::machine()
-        ));
-        md.push_str("| measure | ours | baseline | ratio | notes |\n|---|---|---|---|---|\n");
-        for row in &self.table {
-            md.push_str(row);
-            md.push('\n');
-        }
-        std::fs::write(self.out.join("RATE-LIMITS.md"), &md)?;
-        println!("{md}");
-        Ok(())
     }
 }

@@ -15,6 +15,8 @@ use hyper::Request;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
+use crate::latency::Latencies;
+
 /// Builds request number `i` (method, path, body).
 pub type RequestFn = Arc<dyn Fn(u64) -> (hyper::Method, String, Option<Bytes>) + Send + Sync>;
 
@@ -73,20 +75,11 @@ impl Outcome {
         self.completed() as f64 / self.elapsed.as_secs_f64()
     }
 
-    /// Latency percentile (0..=100) of the samples `keep` selects, in milliseconds.
+    /// Latency percentile (0..=100) of the samples `keep` selects, in milliseconds; `None`
+    /// when it selects none.
     pub fn percentile(&self, p: f64, keep: impl Fn(&Sample) -> bool) -> Option<f64> {
-        let mut v: Vec<Duration> = self
-            .samples
-            .iter()
-            .filter(|s| keep(s))
-            .map(|s| s.latency)
-            .collect();
-        if v.is_empty() {
-            return None;
-        }
-        v.sort_unstable();
-        let idx = ((p / 100.0) * (v.len() - 1) as f64).round() as usize;
-        Some(v[idx.min(v.len() - 1)].as_secs_f64() * 1000.0)
+        let kept = self.samples.iter().filter(|s| keep(s)).map(|s| s.latency);
+        Latencies::of(kept).map(|l| l.percentile_ms(p))
     }
 
     pub fn count(&self, keep: impl Fn(&Sample) -> bool) -> u64 {

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use crate::StackArgs;
+
 pub struct Stack {
     pub http: reqwest::Client,
     pub edge: String,
@@ -12,27 +14,43 @@ pub struct Stack {
     pub core_metrics: Vec<String>,
     pub token: String,
     pub db: sqlx::PgPool,
+    /// The stack's Redis, and the prefix of the cores' gate keys in it.
+    pub redis_url: String,
+    pub gate_prefix: String,
+    /// The writers' broker, topic and group (to wait for them; never consuming).
+    pub kafka: voucher_core::config::KafkaSettings,
 }
 
 impl Stack {
-    /// The stack of `loadtest/bench.sh`, as the environment names it.
-    pub async fn from_env() -> anyhow::Result<Self> {
-        use crate::env_or;
+    /// The stack of `loadtest/bench.sh`, as the arguments (or the environment) name it.
+    pub async fn connect(args: &StackArgs) -> anyhow::Result<Self> {
         Ok(Stack {
             http: reqwest::Client::new(),
-            edge: env_or("EDGE", "127.0.0.1:8080"),
-            core: env_or("CORE", "127.0.0.1:8081"),
-            core_metrics: env_or("CORE_METRICS", "127.0.0.1:9181,127.0.0.1:9182")
-                .split(',')
-                .map(str::to_owned)
-                .collect(),
-            token: env_or("ADMIN_TOKEN", "dev-admin-token"),
-            db: sqlx::PgPool::connect(&env_or(
-                "DATABASE_URL",
-                "postgres://postgres@127.0.0.1:5432/vouchers",
-            ))
-            .await?,
+            edge: args.edge.clone(),
+            core: args.core.clone(),
+            core_metrics: args.core_metrics.clone(),
+            token: args.admin_token.clone(),
+            db: sqlx::PgPool::connect(&args.database_url).await?,
+            redis_url: args.redis_url.clone(),
+            gate_prefix: args.gate_prefix.clone(),
+            kafka: voucher_core::config::KafkaSettings {
+                brokers: args.kafka_brokers.clone(),
+                topic: args.kafka_topic.clone(),
+                group: args.kafka_group.clone(),
+                consume: false,
+                ..Default::default()
+            },
         })
+    }
+
+    /// The stack's Redis, with gate keys under `prefix`.
+    pub fn redis_settings(&self, prefix: &str) -> voucher_core::config::RedisSettings {
+        voucher_core::config::RedisSettings {
+            url: self.redis_url.clone().into(),
+            key_prefix: prefix.to_owned(),
+            timeout: Duration::from_secs(2),
+            ..Default::default()
+        }
     }
 
     pub async fn create_voucher(

@@ -1,0 +1,122 @@
+//! Benchmark 1, the flash sale through the edge: a 1,000-use flash voucher per step,
+//! climbing to the highest rate sustained; what the sale cost PostgreSQL and how much load
+//! reached a core once it sold out.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::invariants::remember_accepted;
+use crate::ladder::{best, climb, reserve_plan, Step, SALE_CONNECTIONS};
+use crate::load;
+use crate::report::{fmt_ms, ratio_to_limit, write_samples, write_steps};
+use crate::run::Run;
+
+/// What one step's sale did, besides its latencies.
+#[derive(Clone, Copy, Default)]
+struct SaleDetail {
+    rate: u64,
+    issued: u64,
+    rows: i64,
+    /// OUT_OF_STOCK answers of the cores: requests that got past the edge.
+    reached_core: f64,
+    /// Database commits.
+    commits: i64,
+    /// Transactions that wrote.
+    writes: i64,
+    /// Transactions of the consumer.
+    consumer: f64,
+}
+
+impl Run {
+    pub async fn flash_sale(&mut self, rates: &[u64], step: Duration) -> anyhow::Result<()> {
+        let (stack, run_id, accepted, edge) =
+            (&self.stack, &self.run_id, &self.accepted, self.edge);
+        eprintln!("flash sale through the edge");
+        let sale_details = Mutex::new(Vec::new());
+        let flash_steps = climb(rates, |rate| {
+            let (stack, run_id, sale_details, accepted) =
+                (&stack, &run_id, &sale_details, &accepted);
+            async move {
+                let code = format!("S{run_id}R{rate}");
+                stack.create_voucher(&code, 1000, "flash").await?;
+                let before = stack.sale_counters().await?;
+                let outcome =
+                    load::run(reserve_plan(edge, rate, step, &code, "s", SALE_CONNECTIONS)).await?;
+                remember_accepted(accepted, &code, "s", &outcome);
+                let issued = outcome.count(|s| s.status == 201);
+                let (rows, used) = stack.wait_recorded(&code, issued as i64).await?;
+                let after = stack.sale_counters().await?;
+                let (oos0, tx0, w0, ctx0) = before;
+                let (oos1, tx1, w1, ctx1) = after;
+                let note = format!("issued {issued}, rows {rows}, used_count {used}");
+                if let Ok(mut d) = sale_details.lock() {
+                    d.push(SaleDetail {
+                        rate,
+                        issued,
+                        rows,
+                        reached_core: oos1 - oos0,
+                        commits: tx1 - tx0,
+                        writes: w1 - w0,
+                        consumer: ctx1 - ctx0,
+                    });
+                }
+                Ok(Step {
+                    rate,
+                    outcome,
+                    note,
+                })
+            }
+        })
+        .await?;
+        let sustained = best(&flash_steps).is_some();
+        let sale = best(&flash_steps).or(flash_steps.first());
+        if let Some(s) = sale {
+            let o = &s.outcome;
+            let d = sale_details
+                .lock()
+                .ok()
+                .and_then(|d| d.iter().find(|d| d.rate == s.rate).copied())
+                .unwrap_or_default();
+            write_samples(&self.out.join("flash-sale-samples.csv"), o)?;
+            let which = if sustained {
+                "highest sustained rate"
+            } else {
+                "no step sustained; lowest step"
+            };
+            self.table.push(format!(
+                "| Flash sale, 1,000 uses, through the edge (ours) | {which} {:.0}/s (offered {}/s, {} late starts, generator {:.2} cores) | target 50,000/s | {:.2} of target | issued {} (must be 1,000), rows {}; rows below are this step |",
+                o.achieved_rate(), s.rate, o.late, o.generator_cpu, o.achieved_rate() / 50_000.0, d.issued, d.rows
+            ));
+            self.table.push(format!(
+                "| Flash sale latency, accepted (201) | p50 {} / p99 {} / max {} | p99 < 100 ms | {} | |",
+                fmt_ms(o.percentile(50.0, |x| x.status == 201)),
+                fmt_ms(o.percentile(99.0, |x| x.status == 201)),
+                fmt_ms(o.percentile(100.0, |x| x.status == 201)),
+                ratio_to_limit(o.percentile(99.0, |x| x.status == 201))
+            ));
+            self.table.push(format!(
+                "| Flash sale latency, rejected (409) | p50 {} / p99 {} / max {} | p99 < 100 ms | {} | {} answered by the edge of {} |",
+                fmt_ms(o.percentile(50.0, |x| x.status == 409)),
+                fmt_ms(o.percentile(99.0, |x| x.status == 409)),
+                fmt_ms(o.percentile(100.0, |x| x.status == 409)),
+                ratio_to_limit(o.percentile(99.0, |x| x.status == 409)),
+                o.count(|x| x.by_edge),
+                o.count(|x| x.status == 409)
+            ));
+            self.table.push(format!(
+                "| Requests that reached a core after the sell-out | {:.0} | {} requests sent | {:.4} of requests | flags last 2 s; each renewal forwards until the order list is in |",
+                d.reached_core, o.offered, d.reached_core / o.offered as f64
+            ));
+            self.table.push(format!(
+                "| PostgreSQL transactions that wrote, for the sale | {} ({:.0} by the consumer) | 1,000 uses | {:.3} per use | {} commits in all: the rest are reads (progress of reconciliation and the lag monitor, partition ownership) |",
+                d.writes, d.consumer, d.writes as f64 / 1000.0, d.commits
+            ));
+        }
+        write_steps(
+            &mut self.report,
+            "Flash sale ladder (1,000-use flash voucher per step, through the edge; ours)",
+            &flash_steps,
+        );
+        Ok(())
+    }
+}

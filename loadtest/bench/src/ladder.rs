@@ -1,0 +1,104 @@
+//! Ladders of offered rates: each step is one open-model run at a constant rate, and a
+//! ladder climbs until a step is not sustained, so its last sustained step is the rate the
+//! path under test keeps up with.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::load::{Outcome, Plan};
+use crate::probe::reserve_body;
+use crate::report::fmt_ms;
+
+/// Connections for a sale: enough that the burst of slow answers of its accepting phase
+/// does not stop the generator from offering the load on time.
+pub const SALE_CONNECTIONS: usize = 1024;
+/// Connections for fast answers: more would only cost the shared CPU context switches.
+pub const FAST_CONNECTIONS: usize = 256;
+
+/// One step of a ladder, summarised.
+pub struct Step {
+    pub rate: u64,
+    pub outcome: Outcome,
+    pub note: String,
+}
+
+impl Step {
+    /// The step's row of a ladder table (`report::STEP_HEADER`).
+    pub fn line(&self) -> String {
+        let o = &self.outcome;
+        format!(
+            "| {} | {:.0} | {} | {} | {} | {} | {:.2} | {}{} |",
+            self.rate,
+            o.achieved_rate(),
+            o.late,
+            o.errors(),
+            fmt_ms(o.percentile(50.0, |s| s.status != 0)),
+            fmt_ms(o.percentile(99.0, |s| s.status != 0)),
+            o.generator_cpu,
+            if o.sustained(100.0) { "yes" } else { "no" },
+            if self.note.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", self.note)
+            },
+        )
+    }
+}
+
+/// Reservations of `code` sent to `target` at `rate` for `duration`, request `i` from
+/// customer `{tag}-c{i}` with order `{code}-{tag}{i}`.
+pub fn reserve_plan(
+    target: SocketAddr,
+    rate: u64,
+    duration: Duration,
+    code: &str,
+    tag: &'static str,
+    connections: usize,
+) -> Plan {
+    let code = code.to_owned();
+    Plan {
+        target,
+        rate,
+        duration,
+        connections,
+        request: Arc::new(move |i| {
+            (
+                hyper::Method::POST,
+                format!("/vouchers/{code}/reservations"),
+                Some(reserve_body(&code, i, tag)),
+            )
+        }),
+    }
+}
+
+/// Climbs a ladder of rates until a step is not sustained; returns every step run.
+pub async fn climb<F, Fut>(rates: &[u64], mut run_step: F) -> anyhow::Result<Vec<Step>>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: Future<Output = anyhow::Result<Step>>,
+{
+    let mut steps = Vec::new();
+    for &rate in rates {
+        let step = run_step(rate).await?;
+        let ok = step.outcome.sustained(100.0);
+        eprintln!("  {rate}/s: {}", step.line());
+        steps.push(step);
+        if !ok {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(steps)
+}
+
+/// The highest step sustained.
+pub fn best(steps: &[Step]) -> Option<&Step> {
+    steps.iter().rfind(|s| s.outcome.sustained(100.0))
+}
+
+/// The achieved rate of the highest step sustained; 0 when none was.
+pub fn best_rate(steps: &[Step]) -> f64 {
+    best(steps).map_or(0.0, |s| s.outcome.achieved_rate())
+}

@@ -1,0 +1,44 @@
+//! One benchmark run: the stack it measures and what it has found so far. Each benchmark
+//! adds to it from its own module (`impl Run` there); `report.rs` writes it out.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use voucher_testkit::invariants::Accepted;
+
+use crate::probe::Stack;
+use crate::StackArgs;
+
+pub struct Run {
+    pub stack: Stack,
+    pub out: PathBuf,
+    pub edge: SocketAddr,
+    pub core: SocketAddr,
+    /// Makes this run's voucher codes its own.
+    pub run_id: String,
+    /// Every 201 of every step, for the invariant check at the end.
+    pub accepted: Mutex<Vec<Accepted>>,
+    /// Rows of the summary table.
+    pub table: Vec<String>,
+    /// The ladders, below the table.
+    pub report: String,
+}
+
+impl Run {
+    /// Connects to the stack `args` names; the reports go to `out`.
+    pub async fn connect(out: PathBuf, args: &StackArgs) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(&out)?;
+        let stack = Stack::connect(args).await?;
+        Ok(Self {
+            edge: stack.edge.parse()?,
+            core: stack.core.parse()?,
+            stack,
+            out,
+            run_id: chrono::Utc::now().format("%H%M%S").to_string(),
+            accepted: Mutex::new(Vec::new()),
+            table: Vec::new(),
+            report: String::new(),
+        })
+    }
+}
