@@ -79,7 +79,7 @@ ensure_redis() {
   return 1
 }
 
-# The Kafka-protocol broker for development and tests: tansu (see shared KAFKA.md).
+# The Kafka-protocol broker for development and tests: tansu (README, "What runs").
 # Production points the same code at any Kafka; nothing else depends on tansu.
 TANSU_VERSION=0.6.0
 ensure_tansu() {
