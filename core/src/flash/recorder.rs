@@ -14,14 +14,19 @@ use tokio::sync::{mpsc, oneshot, Mutex};
 use super::gate::Generation;
 use crate::domain::Reservation;
 use crate::error::Error;
-use crate::store::Store;
+use crate::store::{Recording, Store};
 use crate::Result;
 
 /// What PostgreSQL said about one reservation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Recorded {
-    /// Its row is committed (now, or by an earlier attempt of the same order).
+    /// Its row is committed now.
     Stored,
+    /// Its row was committed before (an earlier attempt of the same order): the row as
+    /// PostgreSQL holds it, status included, is the answer.
+    Existing(Reservation),
+    /// Certainly not written: no statement was sent (no connection could be had).
+    NotSent,
     /// Refused by the constraint named: the gate let through what the database will not
     /// hold (a stale gate, or an orderId taken elsewhere).
     Refused(String),
@@ -94,8 +99,19 @@ async fn work(store: Store, jobs: Arc<Mutex<mpsc::Receiver<Job>>>, batch_max: us
             .map(|job| (job.reservation, job.answer))
             .unzip();
         match store.record_decided(&reservations, &generations).await {
-            Ok(result) => {
+            Ok(Recording::NotSent(e)) => {
+                tracing::warn!(error = %e.chain(), "no database connection; reservations not recorded");
+                for answer in answers {
+                    let _ = answer.send(Ok(Recorded::NotSent));
+                }
+            }
+            Ok(Recording::Done(result)) => {
                 let mut outcomes = vec![Recorded::Stored; answers.len()];
+                for (i, row) in result.repeats {
+                    if let Some(outcome) = outcomes.get_mut(i) {
+                        *outcome = Recorded::Existing(row);
+                    }
+                }
                 for (i, reason) in result.refused {
                     if let Some(outcome) = outcomes.get_mut(i) {
                         *outcome = Recorded::Refused(reason);

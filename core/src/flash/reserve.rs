@@ -1,5 +1,12 @@
-//! The reserve protocol of flash mode: the gate takes a use, the orderId is claimed across
-//! vouchers, the event is published, and only its acknowledgement turns into a 201.
+//! The reserve use case of flash mode: the gate takes a use, the orderId is claimed across
+//! vouchers, then PostgreSQL's commit (or, with the broker deciding, the event's
+//! acknowledgement) turns it into a 201.
+//!
+//! A retry is answered from PostgreSQL's row whenever one exists: its status, amount,
+//! discount and expiry, whatever the gate's record says (a gate restored from an older
+//! snapshot, or a replica promoted behind its master, can hold a record behind the row).
+//! A record that disagrees with the row is brought in step. The record answers only
+//! while no row exists.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,9 +16,17 @@ use super::events::ReservedEvent;
 use super::gate::{GateDecision, Generation, GiveBack, MarkAlso, OrderRecord, RecordState};
 use super::recorder::{Recorded, Recorder};
 use super::FlashPath;
-use crate::domain::{Reservation, ReservationRequest, Voucher};
+use crate::domain::{Reservation, ReservationRequest, ReservationStatus, Voucher};
 use crate::store::ReserveOutcome;
 use crate::{Error, Result};
+
+/// Whether a recording is the order's first attempt (its record was just made by this
+/// request) or a retry's (an earlier attempt's commit may be unknown).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Attempt {
+    First,
+    Retry,
+}
 
 impl FlashPath {
     pub async fn reserve(
@@ -34,6 +49,14 @@ impl FlashPath {
                     return self.publish_new(voucher, request, record, generation).await
                 }
                 GateDecision::Exists(record, generation) => {
+                    let row = self
+                        .inner
+                        .store
+                        .reservation_by_order(&request.order_id)
+                        .await?;
+                    if let Some(row) = row {
+                        return self.answer_from_row(row, request, record.state).await;
+                    }
                     if !record.is_retry_by(&request.customer_id, request.order_amount) {
                         return Err(Error::OrderIdConflict);
                     }
@@ -92,10 +115,10 @@ impl FlashPath {
             Err(e) => return self.undo(request, &record, e).await,
         }
         if let Some(recorder) = &self.inner.recorder {
-            let reservation = self
-                .decided_by_database(voucher, recorder, request, record, generation)
-                .await?;
-            return Ok(ReserveOutcome::Reserved(reservation));
+            let attempt = Attempt::First;
+            return self
+                .decided_by_database(voucher, recorder, request, record, generation, attempt)
+                .await;
         }
         match self.publish(request, &record).await {
             Ok(()) => Ok(ReserveOutcome::Reserved(
@@ -172,10 +195,11 @@ impl FlashPath {
             return Err(Error::OrderIdConflict);
         }
         if let Some(recorder) = &self.inner.recorder {
-            let reservation = self
-                .decided_by_database(voucher, recorder, request, record, generation)
-                .await?;
-            return Ok(Some(ReserveOutcome::Retried(reservation)));
+            let attempt = Attempt::Retry;
+            return self
+                .decided_by_database(voucher, recorder, request, record, generation, attempt)
+                .await
+                .map(Some);
         }
         match self.publish(request, &record).await {
             Ok(()) => Ok(Some(ReserveOutcome::Retried(
@@ -192,9 +216,12 @@ impl FlashPath {
     /// back where they were (`forget_refused`), and a retry is decided anew. An error
     /// leaves the outcome unknown (503): the record stays pending, a retry records again
     /// (a no-op once committed), and reconciliation gives the use back if no row appears.
+    /// Certainly not written (no statement was sent) on the order's first attempt: the use
+    /// goes back at once (503).
     ///
     /// Recorded, the record moves P -> A, the client gets its reservation, and the event is
-    /// published afterwards.
+    /// published afterwards. Found recorded already (an earlier attempt's row, which the
+    /// gate had lost), the row is the answer and the record is brought in step with it.
     async fn decided_by_database(
         &self,
         voucher: &Arc<Voucher>,
@@ -202,16 +229,27 @@ impl FlashPath {
         request: &ReservationRequest,
         record: OrderRecord,
         generation: Generation,
-    ) -> Result<Reservation> {
-        self.record_in_database(voucher, recorder, request, &record, generation)
+        attempt: Attempt,
+    ) -> Result<ReserveOutcome> {
+        let recorded = self
+            .record_in_database(voucher, recorder, request, &record, generation, attempt)
             .await?;
+        if let Some(row) = recorded {
+            return self
+                .answer_from_row(row, request, RecordState::Pending)
+                .await;
+        }
         let reservation = self
             .acknowledged(request, record.clone(), MarkAlso::Settle)
             .await?;
         self.publish_afterwards(request, record);
-        Ok(reservation)
+        Ok(match attempt {
+            Attempt::First => ReserveOutcome::Reserved(reservation),
+            Attempt::Retry => ReserveOutcome::Retried(reservation),
+        })
     }
 
+    /// Records the use; `Some(row)` when PostgreSQL held the order's row already.
     async fn record_in_database(
         &self,
         voucher: &Arc<Voucher>,
@@ -219,7 +257,8 @@ impl FlashPath {
         request: &ReservationRequest,
         record: &OrderRecord,
         generation: Generation,
-    ) -> Result<()> {
+        attempt: Attempt,
+    ) -> Result<Option<Reservation>> {
         let reservation = record.reservation(&request.voucher_code, &request.order_id)?;
         let started = Instant::now();
         let recorded = recorder.record(reservation, generation).await;
@@ -228,7 +267,21 @@ impl FlashPath {
             .record_duration
             .observe(started.elapsed().as_secs_f64());
         match recorded? {
-            Recorded::Stored => Ok(()),
+            Recorded::Stored => Ok(None),
+            Recorded::Existing(row) => Ok(Some(row)),
+            // Nothing was sent. On a retry an earlier attempt's commit may still be unknown,
+            // so the use stays held (reconciliation settles it); on the first attempt
+            // nothing else can have written this order's row.
+            Recorded::NotSent => {
+                let answer = || Error::unavailable("database (not sent)");
+                match attempt {
+                    Attempt::Retry => Err(answer()),
+                    Attempt::First => match self.undo(request, record, answer()).await {
+                        Ok(_) => Err(answer()),
+                        Err(e) => Err(e),
+                    },
+                }
+            }
             // The gate that decided it was replaced while it waited to be written: nothing
             // is held in PostgreSQL, and a new gate never counted it. This record (and
             // only this attempt's: a retry may have one in the new gate) goes; the client
@@ -260,6 +313,64 @@ impl FlashPath {
                     .unwrap_or_else(|| Error::corrupt(format!("refused by {reason}"))))
             }
         }
+    }
+
+    /// A retry answered from PostgreSQL's row: its status, amount, discount and expiry. The
+    /// same orderId with another voucher, customer or amount is `ORDER_ID_CONFLICT`. A gate
+    /// record (in `state`) that disagrees with the row is brought in step, best effort: a
+    /// record still holding a use the row released gives it back; one behind a confirm or
+    /// a commit moves on.
+    async fn answer_from_row(
+        &self,
+        row: Reservation,
+        request: &ReservationRequest,
+        state: RecordState,
+    ) -> Result<ReserveOutcome> {
+        if !row.is_retry_of(request) {
+            return Err(Error::OrderIdConflict);
+        }
+        let (code, order_id) = (&row.voucher_code, &row.order_id);
+        let gate = &self.inner.gate;
+        let corrected = match (row.status, state) {
+            (ReservationStatus::Released, s) if s.holds() => {
+                self.released_in_db(code, order_id).await;
+                true
+            }
+            (ReservationStatus::Confirmed, RecordState::Pending | RecordState::Accepted) => {
+                let from = [RecordState::Pending, RecordState::Accepted];
+                gate.mark_best_effort(
+                    code,
+                    order_id,
+                    &from,
+                    RecordState::Confirmed,
+                    MarkAlso::Settle,
+                )
+                .await;
+                true
+            }
+            (ReservationStatus::Reserved, RecordState::Pending) => {
+                let from = [RecordState::Pending];
+                gate.mark_best_effort(
+                    code,
+                    order_id,
+                    &from,
+                    RecordState::Accepted,
+                    MarkAlso::Settle,
+                )
+                .await;
+                false
+            }
+            _ => false,
+        };
+        if corrected {
+            tracing::warn!(%code, %order_id, status = ?row.status, gate = ?state, "gate record behind PostgreSQL's row; corrected");
+            self.inner
+                .metrics
+                .reconciled
+                .with_label_values(&["replay_corrected"])
+                .inc();
+        }
+        Ok(ReserveOutcome::Retried(row))
     }
 
     /// The event of a use PostgreSQL holds, for whoever reads the topic; the client has its

@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use sqlx::{Connection, PgConnection};
 
 use super::partitions::{store_offset, PartitionKey};
-use super::reservations::{take_customer_use, take_voucher_use};
+use super::reservations::{take_customer_use, take_voucher_use, RedemptionRow, REDEMPTION_COLUMNS};
 use crate::domain::Reservation;
 use crate::Result;
 
@@ -30,10 +30,27 @@ impl super::Store {
         &self,
         batch: &[Reservation],
         generations: &[i64],
-    ) -> Result<BatchResult> {
-        let mut conn = self.pool.acquire().await?;
-        record_reserved(&mut conn, batch, generations, None).await
+    ) -> Result<Recording> {
+        // No connection, nothing sent: certainly not written, which the caller may act on
+        // at once (give the uses back) instead of waiting for reconciliation.
+        let mut conn = match self.pool.acquire().await {
+            Ok(conn) => conn,
+            Err(e) => return Ok(Recording::NotSent(e.into())),
+        };
+        record_reserved(&mut conn, batch, generations, None)
+            .await
+            .map(Recording::Done)
     }
+}
+
+/// How an attempt to record a batch ended.
+#[derive(Debug)]
+pub enum Recording {
+    /// The statement ran: what it did.
+    Done(BatchResult),
+    /// No connection could be had (pool timeout, connection refused): no statement was
+    /// sent, nothing of the batch is written.
+    NotSent(crate::Error),
 }
 
 /// What a batch did.
@@ -43,6 +60,9 @@ pub struct BatchResult {
     pub inserted: usize,
     /// Reservations whose row already existed (redelivery, replay): no-ops.
     pub duplicates: usize,
+    /// Those repeats with the row PostgreSQL holds for them (by index in the batch): what
+    /// a retry is answered from, whatever the gate's record says.
+    pub repeats: Vec<(usize, Reservation)>,
     /// Reservations the database refuses (by index in the batch, with the reason).
     pub refused: Vec<(usize, String)>,
     /// Reservations not written because the gate that decided them is no longer the
@@ -158,8 +178,8 @@ async fn record_batch(
         let fresh: HashSet<&str> = written.inserted.iter().map(String::as_str).collect();
         let stale = fence.stale(batch, &written.latest);
         // Rows never change voucher or customer: reading them after the commit is safe.
-        let (refused, stale) = if written.inserted.len() == batch.len() {
-            (vec![], vec![])
+        let settled = if written.inserted.len() == batch.len() {
+            Settled::default()
         } else {
             let mut tx = conn.begin().await?;
             by_index(&mut tx).await?;
@@ -167,34 +187,42 @@ async fn record_batch(
             tx.commit().await?;
             settled
         };
-        return Ok(BatchResult {
-            inserted: written.inserted.len(),
-            duplicates: batch.len() - written.inserted.len() - refused.len() - stale.len(),
-            refused,
-            stale,
-            transactions: 1,
-            offset_stored: false,
-        });
+        return Ok(settled.into_result(written.inserted.len(), false));
     };
     let mut tx = conn.begin().await?;
     by_index(&mut tx).await?;
     let written = insert_and_count(&mut tx, batch, fence).await?;
     let fresh: HashSet<&str> = written.inserted.iter().map(String::as_str).collect();
     let stale = fence.stale(batch, &written.latest);
-    let (refused, stale) = classify(&mut tx, batch, &fresh, &stale).await?;
-    let offset_stored = refused.is_empty() && stale.is_empty();
+    let settled = classify(&mut tx, batch, &fresh, &stale).await?;
+    let offset_stored = settled.refused.is_empty() && settled.stale.is_empty();
     if offset_stored {
         store_offset(&mut tx, advance.key, advance.next_offset, advance.owner).await?;
     }
     tx.commit().await?;
-    Ok(BatchResult {
-        inserted: written.inserted.len(),
-        duplicates: batch.len() - written.inserted.len() - refused.len() - stale.len(),
-        refused,
-        stale,
-        transactions: 1,
-        offset_stored,
-    })
+    Ok(settled.into_result(written.inserted.len(), offset_stored))
+}
+
+/// What became of the reservations of a batch that were not inserted.
+#[derive(Default)]
+struct Settled {
+    repeats: Vec<(usize, Reservation)>,
+    refused: Vec<(usize, String)>,
+    stale: Vec<usize>,
+}
+
+impl Settled {
+    fn into_result(self, inserted: usize, offset_stored: bool) -> BatchResult {
+        BatchResult {
+            inserted,
+            duplicates: self.repeats.len(),
+            repeats: self.repeats,
+            refused: self.refused,
+            stale: self.stale,
+            transactions: 1,
+            offset_stored,
+        }
+    }
 }
 
 /// Of the reservations not inserted: the stale ones stay stale (a 503 whose retry the new
@@ -206,13 +234,22 @@ async fn classify(
     batch: &[Reservation],
     fresh: &HashSet<&str>,
     stale: &[usize],
-) -> Result<(Vec<(usize, String)>, Vec<usize>), sqlx::Error> {
-    let conflicts = classify_existing(conn, batch, fresh).await?;
-    let refused = conflicts
-        .into_iter()
-        .filter(|(i, _)| !stale.contains(i))
-        .collect();
-    Ok((refused, stale.to_vec()))
+) -> Result<Settled, sqlx::Error> {
+    let existing = classify_existing(conn, batch, fresh).await?;
+    let mut settled = Settled {
+        stale: stale.to_vec(),
+        ..Settled::default()
+    };
+    for (i, found) in existing {
+        if stale.contains(&i) {
+            continue;
+        }
+        match found {
+            Existing::Repeat(row) => settled.repeats.push((i, row)),
+            Existing::Conflict => settled.refused.push((i, ORDER_ID_TAKEN.to_owned())),
+        }
+    }
+    Ok(settled)
 }
 
 async fn record_one_by_one(
@@ -233,13 +270,15 @@ async fn record_one_by_one(
     }
     // A "duplicate" whose stored row is another reservation's is refused.
     let repeated: Vec<Reservation> = duplicates.iter().map(|&i| batch[i].clone()).collect();
-    let conflicts = classify_existing(conn, &repeated, &HashSet::new()).await?;
-    result.duplicates = duplicates.len() - conflicts.len();
-    result.refused.extend(
-        conflicts
-            .into_iter()
-            .map(|(k, reason)| (duplicates[k], reason)),
-    );
+    for (k, found) in classify_existing(conn, &repeated, &HashSet::new()).await? {
+        match found {
+            Existing::Repeat(row) => result.repeats.push((duplicates[k], row)),
+            Existing::Conflict => result
+                .refused
+                .push((duplicates[k], ORDER_ID_TAKEN.to_owned())),
+        }
+    }
+    result.duplicates = result.repeats.len();
     Ok(result)
 }
 
@@ -420,41 +459,72 @@ struct Written {
     latest: HashMap<String, i64>,
 }
 
-/// Rows not inserted either repeat a stored reservation (a no-op) or carry an orderId that
-/// belongs to a different reservation (refused).
+/// The constraint an orderId that belongs to another reservation would break.
+const ORDER_ID_TAKEN: &str = "redemptions_order_id_key";
+
+/// What PostgreSQL holds for a reservation of a batch that was not inserted (or that
+/// shares its orderId with another of the batch).
+#[derive(Debug)]
+enum Existing {
+    /// The stored row is this reservation (same voucher, customer and amount): a repeat,
+    /// answered from the row.
+    Repeat(Reservation),
+    /// The orderId's row is another reservation's: refused.
+    Conflict,
+}
+
+/// Tells, for every reservation of the batch whose orderId was not inserted or appears
+/// more than once in the batch, whether the stored row is this reservation. It compares
+/// with the stored row itself, never with the row order an `INSERT ... SELECT` returned:
+/// one orderId twice in a batch (on two vouchers, say) is inserted for one of them, and
+/// only that one may count as inserted. Reservations not listed were inserted.
 async fn classify_existing(
     conn: &mut PgConnection,
     batch: &[Reservation],
     fresh: &HashSet<&str>,
-) -> Result<Vec<(usize, String)>, sqlx::Error> {
-    // The first reservation of each inserted orderId is its row; every other one repeats it.
-    let mut first_seen = HashSet::new();
+) -> Result<Vec<(usize, Existing)>, sqlx::Error> {
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for r in batch {
+        *seen.entry(r.order_id.as_str()).or_default() += 1;
+    }
     let to_check: Vec<(usize, &Reservation)> = batch
         .iter()
         .enumerate()
         .filter(|(_, r)| {
             let order = r.order_id.as_str();
-            !(fresh.contains(order) && first_seen.insert(order))
+            !fresh.contains(order) || seen.get(order).copied().unwrap_or(0) > 1
         })
         .collect();
     if to_check.is_empty() {
         return Ok(vec![]);
     }
     let ids: Vec<&str> = to_check.iter().map(|(_, r)| r.order_id.as_str()).collect();
-    let rows: Vec<(String, String, String)> = sqlx::query_as(
-        "SELECT order_id, voucher_code, customer_id FROM redemptions WHERE order_id = ANY($1)",
-    )
+    let rows: Vec<RedemptionRow> = sqlx::query_as(&format!(
+        "SELECT {REDEMPTION_COLUMNS} FROM redemptions WHERE order_id = ANY($1)"
+    ))
     .bind(&ids)
     .fetch_all(conn)
     .await?;
-    let stored: HashMap<String, (String, String)> =
-        rows.into_iter().map(|(o, v, c)| (o, (v, c))).collect();
-    Ok(to_check
-        .into_iter()
-        .filter(|(_, r)| {
-            !matches!(stored.get(r.order_id.as_str()),
-                Some((v, c)) if v == r.voucher_code.as_str() && c == r.customer_id.as_str())
-        })
-        .map(|(i, _)| (i, "redemptions_order_id_key".to_owned()))
-        .collect())
+    let mut stored: HashMap<String, Reservation> = HashMap::with_capacity(rows.len());
+    for row in rows {
+        let row = Reservation::try_from(row)
+            .map_err(|e| sqlx::Error::Decode(Box::new(std::io::Error::other(e.chain()))))?;
+        stored.insert(row.order_id.as_str().to_owned(), row);
+    }
+    // The first reservation of the batch that is the inserted row is the one inserted.
+    let mut inserted_taken: HashSet<&str> = HashSet::new();
+    let mut found = Vec::with_capacity(to_check.len());
+    for (i, r) in to_check {
+        let order = r.order_id.as_str();
+        match stored.get(order) {
+            Some(row) if row.is_same_use(r) => {
+                if fresh.contains(order) && inserted_taken.insert(order) {
+                    continue;
+                }
+                found.push((i, Existing::Repeat(row.clone())));
+            }
+            _ => found.push((i, Existing::Conflict)),
+        }
+    }
+    Ok(found)
 }

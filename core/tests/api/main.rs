@@ -11,6 +11,7 @@ mod gate_load;
 mod input;
 mod managed;
 mod operations;
+mod replay;
 mod reservations;
 mod vouchers;
 

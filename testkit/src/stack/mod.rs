@@ -25,4 +25,6 @@ pub use self::broker::Broker;
 pub use self::core::{CoreProcess, CLOCK_MINUTE_BEHIND, CLOCK_STEPPED_BACK, LIBFAKETIME};
 pub use self::edge::EdgeProcess;
 pub use self::flash::{flash_settings, flash_voucher, FlashStack, FlashStackBuilder};
-pub use self::redis::{delete_keys, redis_connection, RedisServer, REDIS_URL};
+pub use self::redis::{
+    delete_keys, redis_connection, snapshot_gate, GateSnapshot, RedisServer, REDIS_URL,
+};

@@ -175,3 +175,57 @@ pub async fn delete_keys(prefix: &str) {
         let _: redis::RedisResult<()> = redis::cmd("DEL").arg(keys).query_async(&mut conn).await;
     }
 }
+
+/// One voucher's gate keys as they were at a moment (DUMP of each), to be put back later:
+/// what a Redis restored from an older snapshot, or a replica promoted behind its master,
+/// does to a gate.
+pub struct GateSnapshot {
+    keys: Vec<(String, Option<Vec<u8>>)>,
+}
+
+/// The gate keys of voucher `code` under `prefix`, as they are now.
+pub async fn snapshot_gate(prefix: &str, code: &str) -> GateSnapshot {
+    let mut conn = redis_connection().await;
+    let mut keys = Vec::new();
+    for suffix in [
+        "meta",
+        "remaining",
+        "users",
+        "orders",
+        "unsettled",
+        "loading",
+    ] {
+        let key = format!("{prefix}{{{code}}}:{suffix}");
+        let dumped: Option<Vec<u8>> = redis::cmd("DUMP")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .expect("DUMP");
+        keys.push((key, dumped));
+    }
+    GateSnapshot { keys }
+}
+
+impl GateSnapshot {
+    /// Puts every key back as it was (a key that did not exist then is deleted).
+    pub async fn restore(&self) {
+        let mut conn = redis_connection().await;
+        for (key, dumped) in &self.keys {
+            match dumped {
+                Some(bytes) => redis::cmd("RESTORE")
+                    .arg(key)
+                    .arg(0)
+                    .arg(bytes.as_slice())
+                    .arg("REPLACE")
+                    .query_async::<()>(&mut conn)
+                    .await
+                    .expect("RESTORE"),
+                None => redis::cmd("DEL")
+                    .arg(key)
+                    .query_async::<()>(&mut conn)
+                    .await
+                    .expect("DEL"),
+            }
+        }
+    }
+}

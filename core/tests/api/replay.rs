@@ -1,0 +1,188 @@
+//! A replay tells what PostgreSQL holds: a retry that finds a row is answered from it
+//! (status, amount, discount, expiry), whatever the gate's record says, and the record is
+//! brought in step. The gate going back in time is what a Redis restored from an older
+//! snapshot, or a replica promoted behind its master, does to it.
+
+use reqwest::StatusCode;
+use serde_json::Value;
+use voucher_core::config::Decision;
+use voucher_core::domain::{
+    CustomerId, Money, OrderId, Reservation, ReservationStatus, VoucherCode,
+};
+use voucher_core::flash::gate::RecordState;
+use voucher_core::store::Store;
+use voucher_testkit::assert::assert_error;
+
+use crate::flash::done;
+use crate::invariants::Accepted;
+use crate::stack::{flash_voucher, snapshot_gate, FlashStack};
+
+/// A replay of `order` with its first body: 201, `Idempotent-Replayed: true`, the body.
+async fn replay(env: &FlashStack, code: &str, customer: &str, order: &str) -> Value {
+    let answer = env.app().reserve(code, customer, order, 100_000).await;
+    assert_eq!(answer.status(), StatusCode::CREATED);
+    assert_eq!(
+        answer
+            .headers()
+            .get("idempotent-replayed")
+            .and_then(|v| v.to_str().ok()),
+        Some("true")
+    );
+    answer.json().await.expect("JSON")
+}
+
+async fn record_state(env: &FlashStack, code: &str, order: &str) -> Option<RecordState> {
+    let code = VoucherCode::parse(code).expect("code");
+    let order = OrderId::parse(order).expect("order");
+    env.gate
+        .record(&code, &order)
+        .await
+        .expect("redis")
+        .map(|r| r.state)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replay_after_the_gate_went_back_in_time_answers_what_postgresql_holds() {
+    let env = FlashStack::builder()
+        .start_with(|s| s.flash.decision = Decision::Database)
+        .await;
+    let app = env.app();
+    app.given_voucher(flash_voucher("BACK", 3, 1)).await;
+    let code = VoucherCode::parse("BACK").expect("code");
+    let before_o3 = snapshot_gate(env.key_prefix(), "BACK").await;
+    let o3 = app.attempt("BACK", "c3", "back-3", 100_000).await;
+    assert_eq!(o3.status, StatusCode::CREATED);
+    let o1 = app.attempt("BACK", "c1", "back-1", 100_000).await;
+    let o2 = app.attempt("BACK", "c2", "back-2", 100_000).await;
+    assert_eq!(
+        (o1.status, o2.status),
+        (StatusCode::CREATED, StatusCode::CREATED)
+    );
+    let held = snapshot_gate(env.key_prefix(), "BACK").await;
+
+    assert_eq!(app.release("BACK", "back-1").await.status(), StatusCode::OK);
+    assert_eq!(app.confirm("BACK", "back-2").await.status(), StatusCode::OK);
+    assert_eq!(env.gate.remaining(&code).await.expect("redis"), Some(1));
+
+    // The gate goes back to before the release and the confirm: both records say held.
+    held.restore().await;
+    assert_eq!(env.gate.remaining(&code).await.expect("redis"), Some(0));
+    let released = replay(&env, "BACK", "c1", "back-1").await;
+    assert_eq!(released["status"], "RELEASED", "{released}");
+    let confirmed = replay(&env, "BACK", "c2", "back-2").await;
+    assert_eq!(confirmed["status"], "CONFIRMED", "{confirmed}");
+    // The records were corrected, not believed: back-1's use is free again.
+    assert_eq!(
+        record_state(&env, "BACK", "back-1").await,
+        Some(RecordState::Released)
+    );
+    assert_eq!(
+        record_state(&env, "BACK", "back-2").await,
+        Some(RecordState::Confirmed)
+    );
+    assert_eq!(env.gate.remaining(&code).await.expect("redis"), Some(1));
+
+    // The same orderId with another amount is another request.
+    let other = app.reserve("BACK", "c2", "back-2", 100_001).await;
+    assert_error(other, StatusCode::CONFLICT, "ORDER_ID_CONFLICT").await;
+
+    // Further back, to before back-3 existed at all: the gate takes a new use for it, and
+    // PostgreSQL's row (released here first) is the answer; that use goes back.
+    assert_eq!(app.release("BACK", "back-3").await.status(), StatusCode::OK);
+    before_o3.restore().await;
+    let again = replay(&env, "BACK", "c3", "back-3").await;
+    assert_eq!(again["status"], "RELEASED", "{again}");
+    assert_eq!(
+        record_state(&env, "BACK", "back-3").await,
+        Some(RecordState::Released)
+    );
+    assert_eq!(env.rows("BACK").await, 3);
+    // That gate never counted back-2's confirmed use: reconciliation takes it off (the
+    // second round that finds the shortfall).
+    let reconciler = crate::flash::reconciler(&env);
+    reconciler.run_once().await.expect("round runs");
+    let reports = reconciler.run_once().await.expect("round runs");
+    let report = reports[0].1.clone().expect("caught up and loaded");
+    assert_eq!((report.repaired, report.drift), (1, 0), "{report:?}");
+
+    let accepted: Vec<Accepted> = [&o1, &o2, &o3].iter().map(|a| a.accepted()).collect();
+    env.finish(&accepted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_order_id_twice_in_a_batch_is_one_use_whatever_order_the_rows_come_back_in() {
+    let env = FlashStack::start().await;
+    let app = env.app();
+    app.given_voucher(flash_voucher("TWA", 5, 1)).await;
+    app.given_voucher(flash_voucher("TWB", 5, 1)).await;
+    let store = Store::new(env.pool.clone());
+    let use_of = |code: &str, customer: &str, amount: i64| Reservation {
+        order_id: OrderId::parse("twice").expect("order"),
+        voucher_code: VoucherCode::parse(code).expect("code"),
+        customer_id: CustomerId::parse(customer).expect("customer"),
+        order_amount: Money::positive("orderAmount", amount).expect("money"),
+        discount_amount: Money::positive("discountAmount", 100_000).expect("money"),
+        status: ReservationStatus::Reserved,
+        reserved_at: chrono::Utc::now(),
+        expires_at: chrono::Utc::now() + chrono::Duration::minutes(15),
+    };
+    // Both orders of the batch, in both orders: one is inserted, the other refused, and
+    // which is which is read from the stored row.
+    for batch in [
+        [use_of("TWA", "c1", 200_000), use_of("TWB", "c1", 200_000)],
+        [use_of("TWB", "c1", 200_000), use_of("TWA", "c1", 200_000)],
+    ] {
+        // Each pass starts from no row and no use counted.
+        sqlx::raw_sql(
+            "DELETE FROM redemptions WHERE order_id = 'twice';
+             UPDATE vouchers SET used_count = 0;
+             DELETE FROM customer_usage;",
+        )
+        .execute(&env.pool)
+        .await
+        .expect("reset");
+        let result = store
+            .record_decided(&batch, &[0, 0])
+            .await
+            .map(done)
+            .expect("recorded");
+        assert_eq!(result.inserted, 1, "{result:?}");
+        assert_eq!(result.refused.len(), 1, "{result:?}");
+        let stored: String =
+            sqlx::query_scalar("SELECT voucher_code FROM redemptions WHERE order_id = 'twice'")
+                .fetch_one(&env.pool)
+                .await
+                .expect("row");
+        let (refused, _) = &result.refused[0];
+        assert_ne!(batch[*refused].voucher_code.as_str(), stored, "{result:?}");
+    }
+    // A repeat is answered with the stored row (its status included); another amount for
+    // the same orderId is refused.
+    sqlx::query(
+        "UPDATE redemptions SET status = 'RELEASED', released_at = now() WHERE order_id = 'twice'",
+    )
+    .execute(&env.pool)
+    .await
+    .expect("release");
+    let stored: String =
+        sqlx::query_scalar("SELECT voucher_code FROM redemptions WHERE order_id = 'twice'")
+            .fetch_one(&env.pool)
+            .await
+            .expect("row");
+    let again = store
+        .record_decided(
+            &[
+                use_of(&stored, "c1", 200_000),
+                use_of(&stored, "c1", 200_001),
+            ],
+            &[0, 0],
+        )
+        .await
+        .map(done)
+        .expect("recorded");
+    assert_eq!(again.inserted, 0, "{again:?}");
+    assert_eq!(again.repeats.len(), 1, "{again:?}");
+    assert_eq!(again.repeats[0].1.status, ReservationStatus::Released);
+    assert_eq!(again.refused.len(), 1, "{again:?}");
+    assert_eq!(again.refused[0].0, 1, "{again:?}");
+}
