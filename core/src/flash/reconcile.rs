@@ -16,9 +16,11 @@
 //! - the gate's count is checked against the voucher's counter: uses the gate should count
 //!   are the active rows reserved by the snapshot plus the orders still in flight. If the
 //!   gate counts fewer (a stale, restored, partly evicted or tampered gate), the difference
-//!   is taken off its remaining count at once, so it stops selling uses PostgreSQL has
-//!   already given. (A gate that counts too many is only reported: giving uses back on a
-//!   guess could oversell.)
+//!   is taken off its remaining count, so it stops selling uses PostgreSQL has already
+//!   given. A gate that counts too many (uses neither sold nor free) gets them back when
+//!   PostgreSQL decides, since PostgreSQL refuses anything beyond the limit; with the
+//!   broker deciding that could oversell, so it is only reported. Both repairs wait for a
+//!   second round that finds the same.
 //! - one page of customers is checked per round, in turn, and counts the gate holds too low
 //!   are raised.
 //!
@@ -72,6 +74,8 @@ pub struct Cursors {
     customer: String,
     /// The shortfall the previous round found (uses the gate counted too few), if any.
     short_before: i64,
+    /// The surplus the previous round found (uses the gate counted too many), if any.
+    surplus_before: i64,
 }
 
 /// What one voucher's reconciliation found.
@@ -84,6 +88,9 @@ pub struct VoucherReport {
     /// Uses taken off the gate's remaining count because it counted fewer uses than
     /// PostgreSQL and the reservations in flight hold (a stale, restored or tampered gate).
     pub repaired: i64,
+    /// Uses given back to the gate's remaining count because it counted more uses than
+    /// PostgreSQL and the reservations in flight hold (PostgreSQL deciding only).
+    pub repaired_surplus: i64,
     /// Customers whose count the gate held too low, raised to what they hold.
     pub repaired_customers: usize,
 }
@@ -332,6 +339,10 @@ impl Reconciler {
         } else if short > 0 {
             tracing::warn!(%code, uses = short, "gate counts fewer uses than PostgreSQL holds; repaired if the next round finds it too");
         }
+        report.repaired_surplus = self
+            .repair_surplus(voucher, drift, snapshot.is_complete(), &mut cursors)
+            .await?;
+        remaining += report.repaired_surplus;
         report.repaired_customers = self.repair_customers(voucher, &mut cursors).await?;
         report.drift = i64::from(voucher.total_limit) - remaining - view.active_by - in_flight;
         if report.drift != 0 && snapshot.is_complete() {
@@ -339,6 +350,55 @@ impl Reconciler {
         }
         self.keep_cursors(code, cursors);
         Ok(report)
+    }
+
+    /// A gate that counts more uses than PostgreSQL's active rows and the orders in flight
+    /// (`drift` > 0: restored from a snapshot older than some releases, or a give-back lost
+    /// further back than the released-rows cursor reaches) leaves those uses unsold for good.
+    /// With PostgreSQL deciding, giving them back is safe: an over-generous gate only sends
+    /// PostgreSQL more requests, and PostgreSQL refuses what it cannot hold. As for a
+    /// shortfall, only once two rounds in a row found a surplus, by the smaller of the two
+    /// (a release between its commit and its give-back is a surplus for a moment). The uses
+    /// are announced, so edges drop their sold-out flags. With the broker deciding, the
+    /// gate's word is the 201: a surplus is only reported (the `VoucherGateDrift` alert).
+    /// Returns the uses given back.
+    async fn repair_surplus(
+        &self,
+        voucher: &Voucher,
+        drift: i64,
+        complete: bool,
+        cursors: &mut Cursors,
+    ) -> Result<i64> {
+        let surplus = if complete && self.flash.database_decides() {
+            drift.max(0)
+        } else {
+            0
+        };
+        let confirmed = surplus.min(cursors.surplus_before);
+        cursors.surplus_before = surplus;
+        if confirmed <= 0 {
+            if surplus > 0 {
+                tracing::warn!(code = %voucher.code, uses = surplus, "gate counts more uses than PostgreSQL holds; given back if the next round finds it too");
+            }
+            return Ok(0);
+        }
+        if self
+            .flash
+            .gate()
+            .adjust(voucher, confirmed, &[])
+            .await?
+            .is_none()
+        {
+            return Ok(0);
+        }
+        tracing::error!(code = %voucher.code, uses = confirmed, "gate counted more uses than PostgreSQL holds, two rounds in a row; given back");
+        self.metrics
+            .reconciled
+            .with_label_values(&["repaired_surplus"])
+            .inc_by(confirmed.unsigned_abs());
+        cursors.surplus_before -= confirmed;
+        self.flash.gate().announce_available(&voucher.code).await;
+        Ok(confirmed)
     }
 
     /// Releases in the gate the orders released in PostgreSQL since the cursor whose record

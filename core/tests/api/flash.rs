@@ -589,7 +589,7 @@ async fn a_rebuilt_gate_claims_its_orders_again() {
 
 /// `n` uses appear in `code`'s gate that PostgreSQL has already given, as after a restore
 /// from an older snapshot or a hand that tampered with it.
-async fn uses_appear(env: &FlashStack, code: &str, n: i64) {
+pub(crate) async fn uses_appear(env: &FlashStack, code: &str, n: i64) {
     let mut conn = crate::stack::redis_connection().await;
     let _: i64 = redis::cmd("INCRBY")
         .arg(format!("{}{{{code}}}:remaining", env.key_prefix()))
