@@ -71,6 +71,12 @@ pub struct DatabaseSettings {
     pub acquire_timeout: Duration,
     /// Apply the migrations at start-up.
     pub migrate: bool,
+    /// How long a session of this core may sit idle inside a transaction before
+    /// PostgreSQL ends it (`idle_in_transaction_session_timeout`): a core paused or stuck
+    /// mid-transaction holds a hot voucher's row no longer than this. A gate load's read
+    /// (long on a big voucher, and holding no row lock) is exempt.
+    #[serde(with = "humantime_serde")]
+    pub idle_in_transaction_timeout: Duration,
 }
 
 impl Default for DatabaseSettings {
@@ -80,6 +86,7 @@ impl Default for DatabaseSettings {
             max_connections: 20,
             acquire_timeout: Duration::from_secs(2),
             migrate: true,
+            idle_in_transaction_timeout: Duration::from_secs(5),
         }
     }
 }

@@ -136,6 +136,11 @@ impl Store {
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
             .execute(&mut *tx)
             .await?;
+        // A load streams a big voucher into Redis between its reads: idle in this read-only
+        // transaction, which holds no row lock, for as long as Redis takes.
+        sqlx::query("SET LOCAL idle_in_transaction_session_timeout = 0")
+            .execute(&mut *tx)
+            .await?;
         let used: Option<i32> =
             sqlx::query_scalar("SELECT used_count FROM vouchers WHERE code = $1")
                 .bind(code.as_str())

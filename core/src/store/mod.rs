@@ -45,7 +45,13 @@ impl Store {
 
     /// Connects lazily: the service starts (and answers 503) even while PostgreSQL is down.
     pub fn connect_lazy(settings: &DatabaseSettings) -> anyhow::Result<Self> {
+        let idle = settings
+            .idle_in_transaction_timeout
+            .as_millis()
+            .max(1)
+            .to_string();
         let options: PgConnectOptions = settings.url.expose_secret().parse()?;
+        let options = options.options([("idle_in_transaction_session_timeout", idle.as_str())]);
         let pool = PgPoolOptions::new()
             .max_connections(settings.max_connections)
             .acquire_timeout(settings.acquire_timeout)
@@ -57,8 +63,15 @@ impl Store {
         &self.pool
     }
 
+    /// Applies the migrations on a connection of its own, closed afterwards, with no
+    /// idle-in-transaction limit: a migration may take long, and its session never goes
+    /// back to the pool with that setting changed.
     pub async fn migrate(&self) -> anyhow::Result<()> {
-        MIGRATOR.run(&self.pool).await?;
+        let mut conn = self.pool.acquire().await?.detach();
+        sqlx::query("SET idle_in_transaction_session_timeout = 0")
+            .execute(&mut conn)
+            .await?;
+        MIGRATOR.run(&mut conn).await?;
         Ok(())
     }
 

@@ -13,6 +13,7 @@ mod managed;
 mod operations;
 mod replay;
 mod reservations;
+mod sessions;
 mod vouchers;
 
 // The shared harness, under the names the test modules use.
