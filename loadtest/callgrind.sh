@@ -37,6 +37,7 @@ if [[ -z $BIN ]]; then
 fi
 
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
 rm -f "$OUT"/callgrind.*
 run_id="cg$(date +%s)"
 db="vt_$run_id"
@@ -47,7 +48,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-log "starting $BIN under callgrind on :$PORT (collection off until the warm-up is done)"
+log "starting $BIN under callgrind on :$PORT (instrumentation off until the warm-up is done)"
 start_bg callgrind-core env \
   VOUCHER__DATABASE__URL="postgres://postgres@127.0.0.1:5432/$db" \
   VOUCHER__HTTP__LISTEN="127.0.0.1:$PORT" VOUCHER__HTTP__METRICS_LISTEN="127.0.0.1:$METRICS_PORT" \
@@ -59,8 +60,8 @@ start_bg callgrind-core env \
   VOUCHER__KAFKA__MIN_INSYNC_REPLICAS=1 \
   VOUCHER__FLASH__RECONCILE_ENABLED=false VOUCHER__RESERVATIONS__EXPIRY_ENABLED=false \
   VOUCHER__LOG__ACCESS=false VOUCHER__LOG__FILTER=warn \
-  valgrind --tool=callgrind --collect-atstart=no \
-  --callgrind-out-file="$ROOT/$OUT/callgrind.%p.out" "$BIN"
+  valgrind --tool=callgrind --instr-atstart=no \
+  --callgrind-out-file="$OUT/callgrind.%p.out" "$BIN"
 wait_for_port 127.0.0.1 "$PORT" 180
 
 api="http://127.0.0.1:$PORT"
