@@ -157,11 +157,22 @@ impl VoucherService {
     pub async fn order_ids(&self, code: &VoucherCode) -> Result<Vec<String>> {
         let voucher = self.catalog.get(code).await?;
         match (voucher.mode, &self.flash) {
+            // With PostgreSQL deciding, its rows are every use acknowledged, whatever the
+            // gate went through (a gate restored from an older snapshot lacks orders that
+            // hold rows, and an edge must never answer their retries OUT_OF_STOCK); the
+            // gate adds the orders whose commit is under way.
+            (VoucherMode::Flash, Some(flash)) if flash.database_decides() => {
+                let mut ids = self.store.voucher_order_ids(code).await?;
+                if let Some(gate) = flash.gate().order_ids(code).await? {
+                    ids.extend(gate);
+                    ids.sort_unstable();
+                    ids.dedup();
+                }
+                Ok(ids)
+            }
+            // With the broker deciding, some rows may still be on their way: the gate's.
             (VoucherMode::Flash, Some(flash)) => match flash.gate().order_ids(code).await? {
                 Some(ids) => Ok(ids),
-                // A gate being rebuilt: with PostgreSQL deciding, its rows are every use
-                // acknowledged; with the broker deciding, some may still be on their way.
-                None if flash.database_decides() => self.store.voucher_order_ids(code).await,
                 None => Err(Error::unavailable("voucher gate (rebuilding)")),
             },
             _ => self.store.voucher_order_ids(code).await,
@@ -173,10 +184,19 @@ impl VoucherService {
     pub async fn order_filter(&self, code: &VoucherCode) -> Result<OrderFilter> {
         let voucher = self.catalog.get(code).await?;
         match (voucher.mode, &self.flash) {
+            // As for `order_ids`: PostgreSQL's rows, read first, and the gate's orders with
+            // the uses it had left (the gate says sold out while a last commit is under
+            // way; PostgreSQL's count would not yet). Without a gate: PostgreSQL's rows and
+            // count, in one snapshot.
+            (VoucherMode::Flash, Some(flash)) if flash.database_decides() => {
+                let rows = self.store.voucher_order_ids(code).await?;
+                match flash.gate().order_filter_with(code, &rows).await? {
+                    Some(filter) => Ok(filter),
+                    None => self.store.voucher_order_filter(code).await,
+                }
+            }
             (VoucherMode::Flash, Some(flash)) => match flash.gate().order_filter(code).await? {
                 Some(filter) => Ok(filter),
-                // As for `order_ids`: PostgreSQL's rows and count, in one snapshot.
-                None if flash.database_decides() => self.store.voucher_order_filter(code).await,
                 None => Err(Error::unavailable("voucher gate (rebuilding)")),
             },
             _ => self.store.voucher_order_filter(code).await,

@@ -40,7 +40,20 @@ impl FlashPath {
         for _ in 0..2 {
             let decision = self.decide(request, ttl).await?;
             match decision {
-                GateDecision::Refused(refusal) => return Err(refusal.into()),
+                // The gate knows no record of this order (it may have lost it: restored from
+                // an older snapshot). A row in PostgreSQL is still the answer to a retry,
+                // before any refusal.
+                GateDecision::Refused(refusal) => {
+                    let row = self
+                        .inner
+                        .store
+                        .reservation_by_order(&request.order_id)
+                        .await?;
+                    return match row {
+                        Some(row) => self.answer_from_row(row, request, None).await,
+                        None => Err(refusal.into()),
+                    };
+                }
                 GateDecision::NotLoaded => {
                     self.trigger_rebuild(voucher.clone());
                     return Err(Error::unavailable("voucher gate (rebuilding)"));
@@ -55,7 +68,7 @@ impl FlashPath {
                         .reservation_by_order(&request.order_id)
                         .await?;
                     if let Some(row) = row {
-                        return self.answer_from_row(row, request, record.state).await;
+                        return self.answer_from_row(row, request, Some(record.state)).await;
                     }
                     if !record.is_retry_by(&request.customer_id, request.order_amount) {
                         return Err(Error::OrderIdConflict);
@@ -236,7 +249,7 @@ impl FlashPath {
             .await?;
         if let Some(row) = recorded {
             return self
-                .answer_from_row(row, request, RecordState::Pending)
+                .answer_from_row(row, request, Some(RecordState::Pending))
                 .await;
         }
         let reservation = self
@@ -317,20 +330,24 @@ impl FlashPath {
 
     /// A retry answered from PostgreSQL's row: its status, amount, discount and expiry. The
     /// same orderId with another voucher, customer or amount is `ORDER_ID_CONFLICT`. A gate
-    /// record (in `state`) that disagrees with the row is brought in step, best effort: a
-    /// record still holding a use the row released gives it back; one behind a confirm or
-    /// a commit moves on.
+    /// record (in `state`; `None`: the gate has none) that disagrees with the row is brought
+    /// in step, best effort: a record still holding a use the row released gives it back;
+    /// one behind a confirm or a commit moves on. A missing record is left to
+    /// reconciliation, which repairs the counts.
     async fn answer_from_row(
         &self,
         row: Reservation,
         request: &ReservationRequest,
-        state: RecordState,
+        state: Option<RecordState>,
     ) -> Result<ReserveOutcome> {
         if !row.is_retry_of(request) {
             return Err(Error::OrderIdConflict);
         }
         let (code, order_id) = (&row.voucher_code, &row.order_id);
         let gate = &self.inner.gate;
+        let Some(state) = state else {
+            return Ok(ReserveOutcome::Retried(row));
+        };
         let corrected = match (row.status, state) {
             (ReservationStatus::Released, s) if s.holds() => {
                 self.released_in_db(code, order_id).await;

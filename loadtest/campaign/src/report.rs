@@ -67,12 +67,12 @@ pub fn markdown(header: &[String], outcomes: &[RoundOutcome]) -> String {
         );
     }
     let _ = writeln!(md, "\n## Rounds\n");
-    let _ = writeln!(md, "| round | fault | struck at | lasted | 201s held | released | unsold | recovered in | verdict |");
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "| round | fault | struck at | lasted | 201s held | released | unsold | sold after the sale | recovered in | verdict |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
     for o in outcomes {
         let _ = writeln!(
             md,
-            "| {} | {} | {} ms | {} ms | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} ms | {} ms | {} | {} | {} | {} | {} | {} |",
             o.plan.index,
             o.plan.fault.name(),
             o.plan.fault_at.as_millis(),
@@ -80,6 +80,7 @@ pub fn markdown(header: &[String], outcomes: &[RoundOutcome]) -> String {
             o.held,
             o.released,
             o.unsold,
+            o.sold_late,
             o.recovered_in
                 .map_or("never".into(), |d| format!("{:.1} s", d.as_secs_f64())),
             if o.passed() {

@@ -91,8 +91,11 @@ pub struct RoundOutcome {
     pub recovered_in: Option<Duration>,
     /// The longest any 201 waited for its row, from the later of the 201 and the fault's end.
     pub worst_row_wait: Duration,
-    /// Uses nobody holds when the sale is over, though more customers came than uses.
+    /// Uses nobody holds once the sell-out check is over: 0 in a passed round (a use
+    /// neither sold nor free past [`unsold_bound`] is a violation).
     pub unsold: i64,
+    /// Uses sold after the sale, to the customers of the sell-out check.
+    pub sold_late: usize,
 }
 
 impl RoundOutcome {
@@ -106,6 +109,7 @@ impl RoundOutcome {
             recovered_in: None,
             worst_row_wait: Duration::ZERO,
             unsold: plan.size.limit,
+            sold_late: 0,
             plan,
         }
     }
@@ -170,7 +174,7 @@ pub async fn run(stack: &mut CampaignStack, plan: RoundPlan) -> anyhow::Result<R
     );
 
     let mut violations = Vec::new();
-    let accepted: Vec<Accepted> = checkouts
+    let mut accepted: Vec<Accepted> = checkouts
         .iter()
         .filter(|c| c.status == 201)
         .map(|c| Accepted::new(&code, &c.customer, &c.order))
@@ -179,6 +183,21 @@ pub async fn run(stack: &mut CampaignStack, plan: RoundPlan) -> anyhow::Result<R
     let (report, recovered_in) = settled(stack, &code, &accepted, healed).await?;
     violations.extend(report.violations);
     check_answers(&checkouts, plan.size.limit, &mut violations);
+    check_replays(stack, &code, &checkouts, &mut violations).await?;
+
+    // What is left of the stock must sell out: a use neither sold nor free once the bound
+    // has passed is a violation, not a figure.
+    let sold_late = sell_out(stack, &code, plan.size.limit, &mut violations).await?;
+    if !sold_late.is_empty() {
+        accepted.extend(
+            sold_late
+                .iter()
+                .map(|c| Accepted::new(&code, &c.customer, &c.order)),
+        );
+        let mut report = invariants::check(&stack.pool, &accepted).await?;
+        invariants::check_gates(&stack.pool, &stack.gate, Some(&code), &mut report).await?;
+        violations.extend(report.violations);
+    }
 
     let active: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM redemptions WHERE voucher_code = $1 AND status IN ('RESERVED', 'CONFIRMED')",
@@ -202,6 +221,7 @@ pub async fn run(stack: &mut CampaignStack, plan: RoundPlan) -> anyhow::Result<R
         recovered_in,
         worst_row_wait,
         unsold: plan.size.limit - active,
+        sold_late: sold_late.len(),
         plan,
     })
 }
@@ -393,6 +413,116 @@ async fn settled(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// How long after the sale a use may stay neither sold nor free: the grace, two rounds of
+/// reconciliation (a repair needs two that agree), and a second for the last round to run.
+pub fn unsold_bound() -> Duration {
+    RECONCILE_GRACE + 2 * RECONCILE_INTERVAL + Duration::from_secs(1)
+}
+
+/// New customers reserve until the voucher is sold out in PostgreSQL: every use left must
+/// be sellable. A 409 `OUT_OF_STOCK` while PostgreSQL holds fewer uses than the limit means
+/// a use is neither sold nor free; that may last up to [`unsold_bound`]. Returns the
+/// checkouts that got a use.
+async fn sell_out(
+    stack: &CampaignStack,
+    code: &str,
+    limit: i64,
+    violations: &mut Vec<String>,
+) -> anyhow::Result<Vec<Checkout>> {
+    let api = stack.public();
+    let deadline = Instant::now() + unsold_bound();
+    let mut sold = Vec::new();
+    for i in 0.. {
+        let c = checkout(
+            &api,
+            code,
+            format!("{code}-m{i}"),
+            format!("{code}-m{i}-o"),
+            deadline,
+        )
+        .await;
+        match c.status {
+            201 => sold.push(c),
+            409 => {
+                let active: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM redemptions
+                     WHERE voucher_code = $1 AND status IN ('RESERVED', 'CONFIRMED')",
+                )
+                .bind(code)
+                .fetch_one(&stack.pool)
+                .await?;
+                if active >= limit {
+                    return Ok(sold);
+                }
+                if Instant::now() > deadline {
+                    violations.push(format!(
+                        "unsold: {} uses neither sold nor free {:.1} s after the sale",
+                        limit - active,
+                        unsold_bound().as_secs_f64()
+                    ));
+                    return Ok(sold);
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => {
+                violations.push(format!("sell-out: a new customer got {other}"));
+                return Ok(sold);
+            }
+        }
+        if i as i64 > 2 * limit {
+            violations.push(format!("sell-out: {i} customers and not sold out"));
+            return Ok(sold);
+        }
+    }
+    Ok(sold)
+}
+
+/// Every customer that got a 201 replays its order with the same body: the answer must be
+/// a 201 marked `Idempotent-Replayed` whose status is PostgreSQL's row's, whatever the
+/// gate went through.
+async fn check_replays(
+    stack: &CampaignStack,
+    code: &str,
+    checkouts: &[Checkout],
+    violations: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let api = stack.public();
+    let give_up = Instant::now() + settle_bound();
+    for c in checkouts.iter().filter(|c| c.status == 201) {
+        let body = json!({ "customerId": c.customer, "orderId": c.order, "orderAmount": 100_000 });
+        let url = format!("{}/vouchers/{code}/reservations", api.base);
+        let answer = loop {
+            match api.client.post(&url).json(&body).send().await {
+                Ok(r) if r.status() != StatusCode::SERVICE_UNAVAILABLE => break Some(r),
+                _ if Instant::now() > give_up => break None,
+                _ => tokio::time::sleep(RETRY_PAUSE).await,
+            }
+        };
+        let Some(answer) = answer else {
+            violations.push(format!("replay: order {} got no answer", c.order));
+            continue;
+        };
+        let status = answer.status();
+        let replayed = answer.headers().get("idempotent-replayed").is_some();
+        let by_edge = answer.headers().get("x-served-by").is_some();
+        let said: serde_json::Value = answer.json().await.unwrap_or_default();
+        let row: Option<String> =
+            sqlx::query_scalar("SELECT status FROM redemptions WHERE order_id = $1")
+                .bind(&c.order)
+                .fetch_optional(&stack.pool)
+                .await?;
+        let told = said["status"].as_str().or(said["error"].as_str());
+        if status != StatusCode::CREATED || !replayed || told != row.as_deref() {
+            let who = if by_edge { "the edge" } else { "a core" };
+            violations.push(format!(
+                "replay: order {} answered {status} {told:?} by {who} (replayed: {replayed}), PostgreSQL holds {row:?}",
+                c.order
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// What the answers alone must show: no more 201s held than uses, no customer holding two,

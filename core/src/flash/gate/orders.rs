@@ -28,15 +28,33 @@ impl Gate {
     /// a use given back after it, and every give-back is announced, which drops the edge's
     /// flag. `None` when not loaded.
     pub async fn order_filter(&self, code: &VoucherCode) -> Result<Option<OrderFilter>> {
-        self.scan_orders(
-            code,
-            // A few more than now: orders taken during the scan still fit the sizing.
-            |remaining, count| {
-                OrderFilter::with_capacity(count + count / 10, remaining.max(0) as u64)
-            },
-            |filter, order_id| filter.insert(&order_id),
-        )
-        .await
+        self.order_filter_with(code, &[]).await
+    }
+
+    /// [`Gate::order_filter`] with `extra` orders in it too (PostgreSQL's, read before:
+    /// a gate restored from an older snapshot lacks orders that hold rows). Sized for both.
+    pub async fn order_filter_with(
+        &self,
+        code: &VoucherCode,
+        extra: &[String],
+    ) -> Result<Option<OrderFilter>> {
+        let filter = self
+            .scan_orders(
+                code,
+                // A few more than now: orders taken during the scan still fit the sizing.
+                |remaining, count| {
+                    let count = count + extra.len();
+                    OrderFilter::with_capacity(count + count / 10, remaining.max(0) as u64)
+                },
+                |filter, order_id| filter.insert(&order_id),
+            )
+            .await?;
+        Ok(filter.map(|mut filter| {
+            for order_id in extra {
+                filter.insert(order_id);
+            }
+            filter
+        }))
     }
 
     /// Reads every order id of `code`'s gate in pieces (HSCAN), into what `start` makes
