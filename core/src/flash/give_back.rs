@@ -36,13 +36,12 @@ impl FlashPath {
         &self,
         code: &VoucherCode,
         order_id: &OrderId,
-    ) -> Result<()> {
+    ) -> Result<ReleaseOutcome> {
         let how = GiveBack::Forget {
             states: vec![super::gate::RecordState::Pending],
             published_by_ms: i64::MAX,
         };
-        self.give_back(code, order_id, how).await?;
-        Ok(())
+        self.give_back(code, order_id, how).await
     }
 
     /// After PostgreSQL released an order (a release call, the expiry job): the gate gives

@@ -13,7 +13,9 @@ use std::time::Instant;
 
 use super::events::publisher::PublishError;
 use super::events::ReservedEvent;
-use super::gate::{GateDecision, Generation, GiveBack, MarkAlso, OrderRecord, RecordState};
+use super::gate::{
+    GateDecision, Generation, GiveBack, MarkAlso, OrderRecord, RecordState, ReleaseOutcome,
+};
 use super::recorder::{Recorded, Recorder};
 use super::FlashPath;
 use crate::domain::{Reservation, ReservationRequest, ReservationStatus, Voucher};
@@ -153,7 +155,8 @@ impl FlashPath {
     }
 
     /// The use just taken goes back, since nothing will be recorded for it, unless a retry
-    /// has started a publish of its own since; then answers `answer`.
+    /// has started a publish of its own since; then answers `answer`. The orderId's claim
+    /// goes with it: nothing holds the order anywhere.
     async fn undo(
         &self,
         request: &ReservationRequest,
@@ -164,9 +167,26 @@ impl FlashPath {
             states: vec![RecordState::Pending],
             published_by_ms: record.publish_ms,
         };
-        self.give_back(&request.voucher_code, &request.order_id, mine)
+        let outcome = self
+            .give_back(&request.voucher_code, &request.order_id, mine)
             .await?;
+        if outcome == ReleaseOutcome::Released {
+            self.unclaim_best_effort(request).await;
+        }
         Err(answer)
+    }
+
+    /// Drops this voucher's claim of the order; a failure only leaves the claim to its TTL
+    /// (the orderId then stays refused on other vouchers), so it is logged, not raised.
+    async fn unclaim_best_effort(&self, request: &ReservationRequest) {
+        let unclaimed = self
+            .inner
+            .gate
+            .unclaim_order(&request.order_id, &request.voucher_code)
+            .await;
+        if let Err(e) = unclaimed {
+            tracing::warn!(error = %e.chain(), order_id = %request.order_id, "orderId claim not dropped");
+        }
     }
 
     /// A retry of an order whose event is not yet acknowledged: publish it again (the
@@ -320,8 +340,12 @@ impl FlashPath {
                     reason,
                     "the gate let through a use PostgreSQL refuses"
                 );
-                self.forget_refused(&request.voucher_code, &request.order_id)
+                let outcome = self
+                    .forget_refused(&request.voucher_code, &request.order_id)
                     .await?;
+                if outcome == ReleaseOutcome::Released {
+                    self.unclaim_best_effort(request).await;
+                }
                 Err(crate::error::constraint_error(&reason)
                     .unwrap_or_else(|| Error::corrupt(format!("refused by {reason}"))))
             }

@@ -227,3 +227,37 @@ async fn uses_a_gate_holds_beyond_postgresql_are_given_back_and_the_stock_sells_
     accepted.extend(last.accepted());
     env.finish(&accepted).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_order_postgresql_refused_is_free_for_another_voucher() {
+    let env = FlashStack::builder()
+        .start_with(|s| s.flash.decision = Decision::Database)
+        .await;
+    let app = env.app();
+    app.given_voucher(flash_voucher("UNA", 2, 1)).await;
+    app.given_voucher(flash_voucher("UNB", 5, 1)).await;
+    let sale = Sale::new("UNA", "una", 2).run(app).await;
+    assert_eq!(sale.created(), 2);
+    // A gate back in time lets one more through; PostgreSQL refuses it. The orderId was
+    // claimed for UNA on the way: the claim goes with the use.
+    uses_appear(&env, "UNA", 1).await;
+    let refused = app.attempt("UNA", "x1", "free-order", 100_000).await;
+    assert_eq!(
+        (refused.status, refused.code()),
+        (StatusCode::CONFLICT, "OUT_OF_STOCK")
+    );
+    let elsewhere = app.attempt("UNB", "x1", "free-order", 100_000).await;
+    assert_eq!(
+        elsewhere.status,
+        StatusCode::CREATED,
+        "{:?}",
+        elsewhere.body
+    );
+
+    let reconciler = reconciler(&env);
+    reconciler.run_once().await.expect("round runs");
+    reconciler.run_once().await.expect("round runs");
+    let mut accepted = sale.accepted();
+    accepted.push(elsewhere.accepted());
+    env.finish(&accepted).await;
+}

@@ -264,6 +264,21 @@ impl Gate {
         Ok(owner.as_deref() == Some(code.as_str()))
     }
 
+    /// Drops the claim of `order_id` if `code` holds it (`unclaim.lua`): its use went back
+    /// with nothing written, and the orderId must not stay refused on every other voucher
+    /// for the claim's 30 days. `true` when dropped.
+    pub async fn unclaim_order(&self, order_id: &OrderId, code: &VoucherCode) -> Result<bool> {
+        let dropped: i64 = self
+            .scripts
+            .unclaim
+            .key(self.claim_key(order_id.as_str()))
+            .arg(code.as_str())
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_down)?;
+        Ok(dropped == 1)
+    }
+
     /// The claim of one orderId: its own slot, deliberately outside any voucher's hash tag.
     pub(super) fn claim_key(&self, order_id: &str) -> String {
         format!("{}order-owner:{}", self.prefix, order_id)

@@ -26,10 +26,11 @@ macro_rules! lua {
 
 /// Every script of the gate, by family: the reserve path, loading and generations,
 /// reconciliation.
-pub const SCRIPT_SOURCES: [ScriptSource; 10] = [
+pub const SCRIPT_SOURCES: [ScriptSource; 11] = [
     lua!("reserve", "reserve/reserve.lua"),
     lua!("mark", "reserve/mark.lua"),
     lua!("release", "reserve/release.lua"),
+    lua!("unclaim", "reserve/unclaim.lua"),
     lua!("load_begin", "load/load_begin.lua"),
     lua!("load_fill", "load/load_fill.lua"),
     lua!("load_open", "load/load_open.lua"),
@@ -47,6 +48,7 @@ pub(super) struct Scripts {
     pub reserve: Script,
     pub mark: Script,
     pub release: Script,
+    pub unclaim: Script,
     pub load_begin: Script,
     pub load_fill: Script,
     pub load_open: Script,
@@ -58,12 +60,13 @@ pub(super) struct Scripts {
 
 impl Scripts {
     pub fn new() -> Self {
-        let [reserve, mark, release, load_begin, load_fill, load_open, raise, snapshot, counts, adjust] =
+        let [reserve, mark, release, unclaim, load_begin, load_fill, load_open, raise, snapshot, counts, adjust] =
             SCRIPT_SOURCES.map(|s| Script::new(s.source));
         Self {
             reserve,
             mark,
             release,
+            unclaim,
             load_begin,
             load_fill,
             load_open,
@@ -76,11 +79,12 @@ impl Scripts {
 
     /// Every script, for SCRIPT LOAD at start-up. The destructuring is exhaustive: a script
     /// added to the struct and not listed here does not build.
-    pub fn all(&self) -> [&Script; 10] {
+    pub fn all(&self) -> [&Script; 11] {
         let Self {
             reserve,
             mark,
             release,
+            unclaim,
             load_begin,
             load_fill,
             load_open,
@@ -90,8 +94,8 @@ impl Scripts {
             adjust,
         } = self;
         [
-            reserve, mark, release, load_begin, load_fill, load_open, raise, snapshot, counts,
-            adjust,
+            reserve, mark, release, unclaim, load_begin, load_fill, load_open, raise, snapshot,
+            counts, adjust,
         ]
     }
 }
