@@ -55,8 +55,6 @@ pub struct Reservation {
 }
 
 impl Reservation {
-    /// Whether `request` is a retry of the request that made this reservation. The same
-    /// orderId with another voucher, customer or amount is a conflict, never a second use.
     /// Whether `other` holds the same use as this one: the same order on the same voucher
     /// for the same customer and amount (whatever its status or times).
     pub fn is_same_use(&self, other: &Reservation) -> bool {
@@ -66,6 +64,8 @@ impl Reservation {
             && self.order_amount == other.order_amount
     }
 
+    /// Whether `request` is a retry of the request that made this reservation. The same
+    /// orderId with another voucher, customer or amount is a conflict, never a second use.
     pub fn is_retry_of(&self, request: &ReservationRequest) -> bool {
         self.order_id == request.order_id
             && self.voucher_code == request.voucher_code

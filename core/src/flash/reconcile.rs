@@ -76,6 +76,10 @@ pub struct Cursors {
     short_before: i64,
     /// The surplus the previous round found (uses the gate counted too many), if any.
     surplus_before: i64,
+    /// What the previous round read of the voucher: the gate's remaining count and
+    /// unsettled orders, and PostgreSQL's active uses. A surplus is given back only when
+    /// two rounds read the same (see `repair_surplus`).
+    seen_before: Option<(i64, usize, i64)>,
 }
 
 /// What one voucher's reconciliation found.
@@ -339,8 +343,11 @@ impl Reconciler {
         } else if short > 0 {
             tracing::warn!(%code, uses = short, "gate counts fewer uses than PostgreSQL holds; repaired if the next round finds it too");
         }
+        let seen = (snapshot.remaining, snapshot.unsettled_count, view.active_by);
+        let quiet = cursors.seen_before == Some(seen);
+        cursors.seen_before = Some(seen);
         report.repaired_surplus = self
-            .repair_surplus(voucher, drift, snapshot.is_complete(), &mut cursors)
+            .repair_surplus(voucher, drift, snapshot.is_complete(), quiet, &mut cursors)
             .await?;
         remaining += report.repaired_surplus;
         report.repaired_customers = self.repair_customers(voucher, &mut cursors).await?;
@@ -357,16 +364,21 @@ impl Reconciler {
     /// further back than the released-rows cursor reaches) leaves those uses unsold for good.
     /// With PostgreSQL deciding, giving them back is safe: an over-generous gate only sends
     /// PostgreSQL more requests, and PostgreSQL refuses what it cannot hold. As for a
-    /// shortfall, only once two rounds in a row found a surplus, by the smaller of the two
-    /// (a release between its commit and its give-back is a surplus for a moment). The uses
-    /// are announced, so edges drop their sold-out flags. With the broker deciding, the
-    /// gate's word is the 201: a surplus is only reported (the `VoucherGateDrift` alert).
-    /// Returns the uses given back.
+    /// shortfall, only once two rounds in a row found a surplus, by the smaller of the two,
+    /// and only when the voucher was quiet between them (`quiet`: the same remaining count,
+    /// unsettled orders and active uses read twice). A release committed between a
+    /// round's gate snapshot and its PostgreSQL read shows as a surplus for that round; on
+    /// a busy voucher one in every round could look like a lasting surplus, and giving it
+    /// back would count the release twice. A voucher the gate wrongly calls sold out is
+    /// quiet (nothing can be sold), so it is repaired. The uses are announced, so edges
+    /// drop their sold-out flags. With the broker deciding, the gate's word is the 201: a
+    /// surplus is only reported (the `VoucherGateDrift` alert). Returns the uses given back.
     async fn repair_surplus(
         &self,
         voucher: &Voucher,
         drift: i64,
         complete: bool,
+        quiet: bool,
         cursors: &mut Cursors,
     ) -> Result<i64> {
         let surplus = if complete && self.flash.database_decides() {
@@ -374,7 +386,11 @@ impl Reconciler {
         } else {
             0
         };
-        let confirmed = surplus.min(cursors.surplus_before);
+        let confirmed = if quiet {
+            surplus.min(cursors.surplus_before)
+        } else {
+            0
+        };
         cursors.surplus_before = surplus;
         if confirmed <= 0 {
             if surplus > 0 {

@@ -14,7 +14,7 @@ use std::time::Instant;
 use super::events::publisher::PublishError;
 use super::events::ReservedEvent;
 use super::gate::{
-    GateDecision, Generation, GiveBack, MarkAlso, OrderRecord, RecordState, ReleaseOutcome,
+    GateDecision, Generation, GiveBack, MarkAlso, OrderRecord, RecordState, Refusal, ReleaseOutcome,
 };
 use super::recorder::{Recorded, Recorder};
 use super::FlashPath;
@@ -44,8 +44,12 @@ impl FlashPath {
             match decision {
                 // The gate knows no record of this order (it may have lost it: restored from
                 // an older snapshot). A row in PostgreSQL is still the answer to a retry,
-                // before any refusal.
-                GateDecision::Refused(refusal) => {
+                // before any refusal that a retry of a served order can meet: sold out,
+                // the customer's limit reached, the sale over. (No order exists before the
+                // start, and a retry's amount met the minimum the first time.)
+                GateDecision::Refused(
+                    refusal @ (Refusal::OutOfStock | Refusal::AlreadyUsed | Refusal::Expired),
+                ) => {
                     let row = self
                         .inner
                         .store
@@ -56,6 +60,7 @@ impl FlashPath {
                         None => Err(refusal.into()),
                     };
                 }
+                GateDecision::Refused(refusal) => return Err(refusal.into()),
                 GateDecision::NotLoaded => {
                     self.trigger_rebuild(voucher.clone());
                     return Err(Error::unavailable("voucher gate (rebuilding)"));
@@ -178,7 +183,13 @@ impl FlashPath {
 
     /// Drops this voucher's claim of the order; a failure only leaves the claim to its TTL
     /// (the orderId then stays refused on other vouchers), so it is logged, not raised.
+    /// Only with PostgreSQL deciding: a retry on another core may re-reserve the order
+    /// between the give-back and this, and then only PostgreSQL's unique orderId keeps it
+    /// off a second voucher (with the broker deciding, the claim is that guard).
     async fn unclaim_best_effort(&self, request: &ReservationRequest) {
+        if !self.database_decides() {
+            return;
+        }
         let unclaimed = self
             .inner
             .gate
