@@ -210,7 +210,9 @@ impl VoucherService {
         let mut standard = std::collections::BTreeSet::new();
         for r in released {
             match self.catalog.get(&r.voucher_code).await.map(|v| v.mode) {
-                Ok(VoucherMode::Flash) => flash.released_in_db(&r.voucher_code, &r.order_id).await,
+                Ok(VoucherMode::Flash) => {
+                    flash.released_in_db(&r.voucher_code, &r.order_id).await;
+                }
                 _ => {
                     standard.insert(&r.voucher_code);
                 }

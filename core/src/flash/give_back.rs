@@ -46,15 +46,19 @@ impl FlashPath {
 
     /// After PostgreSQL released an order (a release call, the expiry job): the gate gives
     /// its use back. If Redis fails here, reconciliation gives it back later (an undersell
-    /// meanwhile, never an oversell), so the failure is logged, not raised.
-    pub async fn released_in_db(&self, code: &VoucherCode, order_id: &OrderId) {
+    /// meanwhile, never an oversell), so the failure is logged, not raised. `true` when
+    /// this call gave a use back (not when another already had).
+    pub async fn released_in_db(&self, code: &VoucherCode, order_id: &OrderId) -> bool {
         match self.give_back(code, order_id, GiveBack::Release).await {
-            Ok(ReleaseOutcome::Released | ReleaseOutcome::Already) => {}
+            Ok(ReleaseOutcome::Released) => true,
+            Ok(ReleaseOutcome::Already) => false,
             Ok(other) => {
-                tracing::info!(?other, %order_id, "released in PostgreSQL; nothing held in the gate")
+                tracing::info!(?other, %order_id, "released in PostgreSQL; nothing held in the gate");
+                false
             }
             Err(e) => {
-                tracing::warn!(error = %e.chain(), %order_id, "released in PostgreSQL; the gate will be reconciled")
+                tracing::warn!(error = %e.chain(), %order_id, "released in PostgreSQL; the gate will be reconciled");
+                false
             }
         }
     }

@@ -384,9 +384,10 @@ impl FlashPath {
             return Ok(ReserveOutcome::Retried(row));
         };
         let corrected = match (row.status, state) {
+            // Counted only when this retry gave the use back: a concurrent release or
+            // another core's retry may have done it first.
             (ReservationStatus::Released, s) if s.holds() => {
-                self.released_in_db(code, order_id).await;
-                true
+                self.released_in_db(code, order_id).await
             }
             (ReservationStatus::Confirmed, RecordState::Pending | RecordState::Accepted) => {
                 let from = [RecordState::Pending, RecordState::Accepted];

@@ -16,7 +16,7 @@ use voucher_testkit::assert::assert_error;
 use crate::flash::{done, reconciler, uses_appear};
 use crate::invariants::Accepted;
 use crate::sale::Sale;
-use crate::stack::{flash_voucher, snapshot_gate, FlashStack};
+use crate::stack::{flash_voucher, save_gate, FlashStack};
 
 /// A replay of `order` with its first body: 201, `Idempotent-Replayed: true`, the body.
 async fn replay(env: &FlashStack, code: &str, customer: &str, order: &str) -> Value {
@@ -50,7 +50,7 @@ async fn a_replay_after_the_gate_went_back_in_time_answers_what_postgresql_holds
     let app = env.app();
     app.given_voucher(flash_voucher("BACK", 3, 1)).await;
     let code = VoucherCode::parse("BACK").expect("code");
-    let before_o3 = snapshot_gate(env.key_prefix(), "BACK").await;
+    let before_o3 = save_gate(env.key_prefix(), "BACK").await;
     let o3 = app.attempt("BACK", "c3", "back-3", 100_000).await;
     assert_eq!(o3.status, StatusCode::CREATED);
     let o1 = app.attempt("BACK", "c1", "back-1", 100_000).await;
@@ -59,7 +59,7 @@ async fn a_replay_after_the_gate_went_back_in_time_answers_what_postgresql_holds
         (o1.status, o2.status),
         (StatusCode::CREATED, StatusCode::CREATED)
     );
-    let held = snapshot_gate(env.key_prefix(), "BACK").await;
+    let held = save_gate(env.key_prefix(), "BACK").await;
 
     assert_eq!(app.release("BACK", "back-1").await.status(), StatusCode::OK);
     assert_eq!(app.confirm("BACK", "back-2").await.status(), StatusCode::OK);

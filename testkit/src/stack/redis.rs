@@ -179,53 +179,60 @@ pub async fn delete_keys(prefix: &str) {
 /// One voucher's gate keys as they were at a moment (DUMP of each), to be put back later:
 /// what a Redis restored from an older snapshot, or a replica promoted behind its master,
 /// does to a gate.
-pub struct GateSnapshot {
-    keys: Vec<(String, Option<Vec<u8>>)>,
+pub struct SavedGate {
+    pattern: String,
+    keys: Vec<(String, Vec<u8>)>,
 }
 
-/// The gate keys of voucher `code` under `prefix`, as they are now.
-pub async fn snapshot_gate(prefix: &str, code: &str) -> GateSnapshot {
+/// Every key of voucher `code`'s gate under `prefix` (all under its hash tag), as they
+/// are now.
+pub async fn save_gate(prefix: &str, code: &str) -> SavedGate {
+    let pattern = format!("{prefix}{{{code}}}:*");
     let mut conn = redis_connection().await;
     let mut keys = Vec::new();
-    for suffix in [
-        "meta",
-        "remaining",
-        "users",
-        "orders",
-        "unsettled",
-        "loading",
-    ] {
-        let key = format!("{prefix}{{{code}}}:{suffix}");
+    for key in gate_keys(&mut conn, &pattern).await {
         let dumped: Option<Vec<u8>> = redis::cmd("DUMP")
             .arg(&key)
             .query_async(&mut conn)
             .await
             .expect("DUMP");
-        keys.push((key, dumped));
+        if let Some(dumped) = dumped {
+            keys.push((key, dumped));
+        }
     }
-    GateSnapshot { keys }
+    SavedGate { pattern, keys }
 }
 
-impl GateSnapshot {
-    /// Puts every key back as it was (a key that did not exist then is deleted).
+async fn gate_keys(conn: &mut redis::aio::MultiplexedConnection, pattern: &str) -> Vec<String> {
+    redis::cmd("KEYS")
+        .arg(pattern)
+        .query_async(conn)
+        .await
+        .expect("KEYS")
+}
+
+impl SavedGate {
+    /// Puts the gate back as it was: keys made since are deleted, the others restored.
     pub async fn restore(&self) {
         let mut conn = redis_connection().await;
-        for (key, dumped) in &self.keys {
-            match dumped {
-                Some(bytes) => redis::cmd("RESTORE")
-                    .arg(key)
-                    .arg(0)
-                    .arg(bytes.as_slice())
-                    .arg("REPLACE")
+        for key in gate_keys(&mut conn, &self.pattern).await {
+            if !self.keys.iter().any(|(saved, _)| *saved == key) {
+                redis::cmd("DEL")
+                    .arg(&key)
                     .query_async::<()>(&mut conn)
                     .await
-                    .expect("RESTORE"),
-                None => redis::cmd("DEL")
-                    .arg(key)
-                    .query_async::<()>(&mut conn)
-                    .await
-                    .expect("DEL"),
+                    .expect("DEL");
             }
+        }
+        for (key, dumped) in &self.keys {
+            redis::cmd("RESTORE")
+                .arg(key)
+                .arg(0)
+                .arg(dumped.as_slice())
+                .arg("REPLACE")
+                .query_async::<()>(&mut conn)
+                .await
+                .expect("RESTORE");
         }
     }
 }
