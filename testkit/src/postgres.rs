@@ -156,6 +156,17 @@ impl PostgresServer {
     pub fn crash(&mut self) {
         self.process.stop_with("QUIT");
     }
+
+    /// Freezes the whole server, postmaster and backends (SIGSTOP): connections stay open
+    /// and nothing is answered, nor is a new connection accepted, until [`Self::unpause`].
+    pub fn pause(&self) {
+        self.process.pause_with_children();
+    }
+
+    /// Lets a server frozen by [`Self::pause`] go on.
+    pub fn unpause(&self) {
+        self.process.unpause_with_children();
+    }
 }
 
 impl Drop for PostgresServer {

@@ -58,6 +58,28 @@ impl Process {
         }
     }
 
+    /// Freezes the process and every child it has forked (SIGSTOP to the children first,
+    /// then to it, so none is forked after the children were frozen): a whole server
+    /// stalled, as PostgreSQL is when its disk or its VM stops answering.
+    pub fn pause_with_children(&self) {
+        if let Some(child) = &self.child {
+            self.signal("STOP");
+            let _ = std::process::Command::new("pkill")
+                .args(["-STOP", "-P", &child.id().to_string()])
+                .status();
+        }
+    }
+
+    /// Lets a process frozen with [`Process::pause_with_children`] go on, children first.
+    pub fn unpause_with_children(&self) {
+        if let Some(child) = &self.child {
+            let _ = std::process::Command::new("pkill")
+                .args(["-CONT", "-P", &child.id().to_string()])
+                .status();
+            self.signal("CONT");
+        }
+    }
+
     /// `SIG<name>` with kill(1): the workspace forbids `unsafe`, so no libc.
     fn signal(&self, name: &str) {
         if let Some(child) = &self.child {

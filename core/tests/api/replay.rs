@@ -3,6 +3,8 @@
 //! brought in step. The gate going back in time is what a Redis restored from an older
 //! snapshot, or a replica promoted behind its master, does to it.
 
+use std::time::Duration;
+
 use reqwest::StatusCode;
 use serde_json::Value;
 use voucher_core::config::Decision;
@@ -10,8 +12,10 @@ use voucher_core::domain::{
     CustomerId, Money, OrderId, Reservation, ReservationStatus, VoucherCode,
 };
 use voucher_core::flash::gate::RecordState;
+use voucher_core::flash::reconcile::VoucherReport;
 use voucher_core::store::Store;
 use voucher_testkit::assert::assert_error;
+use voucher_testkit::wait::eventually;
 
 use crate::flash::{done, reconciler, uses_appear};
 use crate::invariants::Accepted;
@@ -275,5 +279,206 @@ async fn an_order_postgresql_refused_is_free_for_another_voucher() {
     reconciler.run_once().await.expect("round runs");
     let mut accepted = sale.accepted();
     accepted.push(elsewhere.accepted());
+    env.finish(&accepted).await;
+}
+
+/// Reconciliation rounds until one reports no drift (at most `rounds`); the reports.
+async fn rounds_until_in_step(env: &FlashStack, rounds: usize) -> Vec<VoucherReport> {
+    let reconciler = reconciler(env);
+    let mut reports = Vec::new();
+    for _ in 0..rounds {
+        let all = reconciler.run_once().await.expect("round runs");
+        let report = all[0].1.clone().expect("caught up and loaded");
+        let in_step = report.drift == 0;
+        reports.push(report);
+        if in_step {
+            break;
+        }
+    }
+    reports
+}
+
+/// A core paused (or a commit held up) longer than the grace: reconciliation gives back
+/// the pending use it finds without a row, and then the commit lands — a 201 the gate no
+/// longer counts. Reconciliation takes that use off again (the gate counts fewer uses than
+/// PostgreSQL), the later release finds no record to give back, which leaves the gate a
+/// use short, and reconciliation gives that back too. The stock still sells out exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_commit_that_lands_after_reconciliation_forgot_its_use_is_counted_and_its_release_given_back(
+) {
+    use sqlx::Connection;
+
+    let env = FlashStack::builder()
+        .start_with(|s| {
+            s.flash.decision = Decision::Database;
+            s.flash.reconcile_grace = Duration::from_secs(1);
+        })
+        .await;
+    let app = env.app();
+    app.given_voucher(flash_voucher("LATE", 3, 1)).await;
+    let code = VoucherCode::parse("LATE").expect("code");
+    eventually(
+        Duration::from_secs(30),
+        "the gate of LATE loaded",
+        || async { env.gate.remaining(&code).await.ok().flatten() },
+    )
+    .await;
+
+    // The voucher's row held: the recorder's statement is sent and waits on it, as the
+    // statement of a core paused right after sending it would be.
+    let mut blocker = sqlx::PgConnection::connect(&env.db.url)
+        .await
+        .expect("connection");
+    sqlx::query("BEGIN")
+        .execute(&mut blocker)
+        .await
+        .expect("begin");
+    sqlx::query("SELECT 1 FROM vouchers WHERE code = 'LATE' FOR UPDATE")
+        .execute(&mut blocker)
+        .await
+        .expect("row locked");
+    let held = tokio::spawn({
+        let api = voucher_testkit::helpers::ApiClient::new(app.api.base.clone());
+        async move { api.attempt("LATE", "late", "late-1", 100_000).await }
+    });
+    eventually(
+        Duration::from_secs(10),
+        "the recorder to wait on the row",
+        || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                 AND datname = current_database()",
+            )
+            .fetch_one(&env.pool)
+            .await
+            .ok()?;
+            (waiting > 0).then_some(())
+        },
+    )
+    .await;
+
+    // Past the grace with no row: reconciliation gives the pending use back.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let reconciler = reconciler(&env);
+    let reports = reconciler.run_once().await.expect("round runs");
+    let report = reports[0].1.clone().expect("caught up and loaded");
+    assert_eq!(report.forgotten, 1, "{report:?}");
+    assert_eq!(env.gate.remaining(&code).await.expect("redis"), Some(3));
+
+    // The commit lands after all (the gate's generation is unchanged: the fence lets it).
+    sqlx::query("COMMIT")
+        .execute(&mut blocker)
+        .await
+        .expect("row let go");
+    let first = held.await.expect("request ran");
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    assert_eq!(env.rows("LATE").await, 1);
+    // A 201 the gate no longer counts.
+    assert_eq!(env.gate.remaining(&code).await.expect("redis"), Some(3));
+
+    // The gate counts a use fewer than PostgreSQL: taken off.
+    let reports = rounds_until_in_step(&env, 5).await;
+    assert_eq!(reports.last().map(|r| r.drift), Some(0), "{reports:?}");
+    assert_eq!(
+        reports.iter().map(|r| r.repaired).sum::<i64>(),
+        1,
+        "{reports:?}"
+    );
+    assert_eq!(env.gate.remaining(&code).await.expect("redis"), Some(2));
+    // The holder's retry is told the row and takes no second use.
+    let told = replay(&env, "LATE", "late", "late-1").await;
+    assert_eq!(told["status"], "RESERVED", "{told}");
+    assert_eq!(env.gate.remaining(&code).await.expect("redis"), Some(2));
+
+    // Its release gives the use back in PostgreSQL; the gate has no record of it (ABSENT)
+    // and keeps the use: a use too many, which reconciliation gives back.
+    assert_eq!(record_state(&env, "LATE", "late-1").await, None);
+    assert_eq!(app.release("LATE", "late-1").await.status(), StatusCode::OK);
+    assert_eq!(env.gate.remaining(&code).await.expect("redis"), Some(2));
+    let reports = rounds_until_in_step(&env, 5).await;
+    assert_eq!(reports.last().map(|r| r.drift), Some(0), "{reports:?}");
+    assert_eq!(
+        reports.iter().map(|r| r.repaired_surplus).sum::<i64>(),
+        1,
+        "{reports:?}"
+    );
+    assert_eq!(env.gate.remaining(&code).await.expect("redis"), Some(3));
+
+    let sale = Sale::new("LATE", "after", 4).run(app).await;
+    assert_eq!(sale.created(), 3);
+    assert_eq!(sale.count(StatusCode::CONFLICT, "OUT_OF_STOCK"), 1);
+    let mut accepted = sale.accepted();
+    accepted.push(Accepted::new("LATE", "late", "late-1"));
+    env.finish(&accepted).await;
+}
+
+/// A gate restored from an older snapshot is open, so a load that starts then (a core
+/// that found it missing a moment before) adopts it instead of reading PostgreSQL
+/// (`load_begin.lua` answers LOADED and the gate takes the new generation). What it holds
+/// wrongly is corrected all the same: reconciliation gives back the use of an order
+/// PostgreSQL released, replays answer PostgreSQL's rows, and the stock sells out exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restored_gate_that_a_load_adopts_is_brought_in_step() {
+    let env = FlashStack::builder()
+        .start_with(|s| s.flash.decision = Decision::Database)
+        .await;
+    let app = env.app();
+    app.given_voucher(flash_voucher("ADOPT", 5, 1)).await;
+    let code = VoucherCode::parse("ADOPT").expect("code");
+    let first = Sale::new("ADOPT", "first", 3).run(app).await;
+    assert_eq!(first.created(), 3);
+    let orders: Vec<String> = first
+        .accepted()
+        .iter()
+        .map(|a| a.order_id.clone())
+        .collect();
+    let customers: Vec<String> = first
+        .accepted()
+        .iter()
+        .map(|a| a.customer_id.clone())
+        .collect();
+    let saved = save_gate(env.key_prefix(), "ADOPT").await;
+    assert_eq!(
+        app.release("ADOPT", &orders[0]).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        app.confirm("ADOPT", &orders[1]).await.status(),
+        StatusCode::OK
+    );
+
+    // Back to before the release and the confirm, and a load finds it open.
+    saved.restore().await;
+    assert_eq!(env.gate.remaining(&code).await.expect("redis"), Some(2));
+    let store = Store::new(env.pool.clone());
+    let voucher = store.voucher(&code).await.expect("voucher");
+    let outcome = crate::gate_load::flash_path(&env)
+        .load_from_database(&voucher)
+        .await
+        .expect("load ran");
+    assert_eq!(outcome, voucher_core::flash::Rebuild::AlreadyLoaded);
+    assert_eq!(
+        env.gate.remaining(&code).await.expect("redis"),
+        Some(2),
+        "adopted, not reloaded"
+    );
+
+    // Reconciliation: the released order's use comes back (two quiet rounds agree).
+    let reports = rounds_until_in_step(&env, 5).await;
+    assert_eq!(reports.last().map(|r| r.drift), Some(0), "{reports:?}");
+    assert_eq!(env.gate.remaining(&code).await.expect("redis"), Some(3));
+    let released = replay(&env, "ADOPT", &customers[0], &orders[0]).await;
+    assert_eq!(released["status"], "RELEASED", "{released}");
+    let confirmed = replay(&env, "ADOPT", &customers[1], &orders[1]).await;
+    assert_eq!(confirmed["status"], "CONFIRMED", "{confirmed}");
+    let held = replay(&env, "ADOPT", &customers[2], &orders[2]).await;
+    assert_eq!(held["status"], "RESERVED", "{held}");
+
+    let last = Sale::new("ADOPT", "last", 4).run(app).await;
+    assert_eq!(last.created(), 3);
+    assert_eq!(last.count(StatusCode::CONFLICT, "OUT_OF_STOCK"), 1);
+    assert_eq!(env.rows("ADOPT").await, 6);
+    let mut accepted = first.accepted();
+    accepted.extend(last.accepted());
     env.finish(&accepted).await;
 }

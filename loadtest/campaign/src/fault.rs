@@ -1,18 +1,21 @@
 //! The faults a round can suffer, one per round, each struck at a moment of the sale and
 //! healed a while later, the way an operator's worst day brings them.
 
-use std::time::Duration;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Message, Offset, TopicPartitionList};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 
 use voucher_testkit::stack::CLOCK_STEPPED_BACK;
 
 use crate::rng::Rng;
-use crate::stack::CampaignStack;
+use crate::stack::{CampaignStack, RECONCILE_GRACE, RECONCILE_INTERVAL};
+use crate::twin::{self, TwinOrder};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Fault {
@@ -52,10 +55,34 @@ pub enum Fault {
     /// One core restarted under libfaketime: its wall clock steps back a minute 1 s later
     /// and stays behind for the rest of the sale; set right after the round.
     ClockBehind,
+    /// A snapshot taken when struck, and Redis restarted from it only once the round's
+    /// customers are done: the gate goes back past every sale, release and confirm since
+    /// the strike, seconds longer ago than the reconciliation grace.
+    RedisBackPastSettles,
+    /// SIGSTOP one core for longer than the reconciliation grace plus two rounds: the
+    /// other core gives back what it held pending, and whatever it sends once it wakes (a
+    /// commit of a use reconciliation has forgotten, a release of it) lands after that.
+    PauseCoreLong,
+    /// SIGSTOP Redis: connections open, nothing answered, nothing lost (slow, not dead).
+    RedisStall,
+    /// SIGSTOP the whole PostgreSQL server, postmaster and backends: connections open,
+    /// nothing answered, no new one accepted (slow, not dead).
+    DatabaseStall,
+    /// Another session holds the round voucher's row (`SELECT ... FOR UPDATE` in a
+    /// transaction left open, as an operator's forgotten session does): every write of a
+    /// use waits on it.
+    DatabaseLockHeld,
+    /// Another client takes every connection the server will give (until it refuses one),
+    /// the cores' sessions are ended, and the slots they free are taken too: the cores'
+    /// pools find no connection to have.
+    DatabaseConnectionsTaken,
+    /// Customers send one orderId to the round's voucher and to a second flash voucher at
+    /// the same moment: one of the two may have it, never both.
+    TwinOrders,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 14] = [
+    pub const ALL: [Fault; 21] = [
         Fault::None,
         Fault::KillCore,
         Fault::KillBothCores,
@@ -70,6 +97,13 @@ impl Fault {
         Fault::DatabaseRestart,
         Fault::DuplicateEvents,
         Fault::ClockBehind,
+        Fault::RedisBackPastSettles,
+        Fault::PauseCoreLong,
+        Fault::RedisStall,
+        Fault::DatabaseStall,
+        Fault::DatabaseLockHeld,
+        Fault::DatabaseConnectionsTaken,
+        Fault::TwinOrders,
     ];
 
     pub fn name(self) -> &'static str {
@@ -88,6 +122,22 @@ impl Fault {
             Fault::DatabaseRestart => "database-restart",
             Fault::DuplicateEvents => "duplicate-events",
             Fault::ClockBehind => "clock-behind",
+            Fault::RedisBackPastSettles => "redis-back-past-settles",
+            Fault::PauseCoreLong => "pause-core-long",
+            Fault::RedisStall => "redis-stall",
+            Fault::DatabaseStall => "database-stall",
+            Fault::DatabaseLockHeld => "database-lock-held",
+            Fault::DatabaseConnectionsTaken => "database-connections-taken",
+            Fault::TwinOrders => "twin-orders",
+        }
+    }
+
+    /// How long the fault lasts when the seed drew `drawn` (1 to 3 s): a long pause
+    /// outlasts the grace and two reconciliation rounds by that much.
+    pub fn lasts(self, drawn: Duration) -> Duration {
+        match self {
+            Fault::PauseCoreLong => RECONCILE_GRACE + 2 * RECONCILE_INTERVAL + drawn,
+            _ => drawn,
         }
     }
 
@@ -103,18 +153,29 @@ pub struct Struck {
     core: usize,
     /// Where the round's events start, per partition (for duplicates).
     round_start: Vec<(i32, i64)>,
+    /// Database sessions the fault holds while it lasts (a lock, the connections taken).
+    sessions: Vec<PgConnection>,
+    /// The twin orders' race, under way.
+    twins: Option<tokio::task::JoinHandle<Vec<TwinOrder>>>,
+    /// What the fault did, for the report (see [`Struck::effect`]).
+    effect: String,
 }
 
 impl Fault {
-    /// Strikes the fault now. `round_start` are the events topic's high watermarks when the
-    /// round began.
+    /// Strikes the fault now, in the round of voucher `code` whose customers give up at
+    /// `give_up`. `round_start` are the events topic's high watermarks when the round began.
     pub async fn strike(
         self,
         stack: &mut CampaignStack,
         rng: &mut Rng,
         round_start: Vec<(i32, i64)>,
+        code: &str,
+        give_up: Instant,
     ) -> anyhow::Result<Struck> {
         let core = rng.between(0, stack.cores.len() as u64) as usize;
+        let mut sessions = Vec::new();
+        let mut twins = None;
+        let mut effect = String::new();
         match self {
             Fault::None => {}
             Fault::KillCore => stack.cores[core].kill(),
@@ -140,18 +201,40 @@ impl Fault {
                 replay_events(stack, &round_start).await?;
             }
             Fault::ClockBehind => stack.cores[core].restart_with(&CLOCK_STEPPED_BACK).await,
+            Fault::RedisBackPastSettles => stack.redis.snapshot().await?,
+            Fault::PauseCoreLong => stack.cores[core].pause(),
+            Fault::RedisStall => stack.redis.pause(),
+            Fault::DatabaseStall => stack.postgres.pause(),
+            Fault::DatabaseLockHeld => sessions.push(lock_voucher_row(stack, code).await?),
+            Fault::DatabaseConnectionsTaken => {
+                let ended;
+                (sessions, ended) = take_connections(stack).await?;
+                effect = format!(
+                    "{} connections taken, {ended} sessions of others ended",
+                    sessions.len()
+                );
+            }
+            Fault::TwinOrders => twins = Some(twin::race(stack, code, give_up).await?),
         }
         Ok(Struck {
             fault: self,
             core,
             round_start,
+            sessions,
+            twins,
+            effect,
         })
     }
 }
 
 impl Struck {
-    /// Ends the fault: what was killed restarts, what was paused goes on.
-    pub async fn heal(&self, stack: &mut CampaignStack) -> anyhow::Result<()> {
+    /// Ends the fault: what was killed restarts, what was paused goes on, what was held is
+    /// let go.
+    pub async fn heal(&mut self, stack: &mut CampaignStack) -> anyhow::Result<()> {
+        for session in self.sessions.drain(..) {
+            // Closing ends its transaction (rolled back) and frees its slot.
+            let _ = session.close().await;
+        }
         match self.fault {
             Fault::None => {}
             Fault::KillCore => stack.cores[self.core].restart().await,
@@ -173,9 +256,33 @@ impl Struck {
             }
             Fault::DatabaseOutage => database_connections(stack, true).await?,
             Fault::DatabaseRestart => stack.postgres.restart().await?,
-            Fault::DuplicateEvents | Fault::ClockBehind => {}
+            Fault::PauseCoreLong => stack.cores[self.core].unpause(),
+            Fault::RedisStall => stack.redis.unpause(),
+            Fault::DatabaseStall => stack.postgres.unpause(),
+            Fault::DuplicateEvents
+            | Fault::ClockBehind
+            | Fault::RedisBackPastSettles
+            | Fault::DatabaseLockHeld
+            | Fault::DatabaseConnectionsTaken
+            | Fault::TwinOrders => {}
         }
         Ok(())
+    }
+
+    /// What the fault did, where its name does not say it all (empty otherwise).
+    pub fn effect(&self) -> &str {
+        &self.effect
+    }
+
+    /// The twin orders' race, once the round's customers are done (empty for any other
+    /// fault).
+    pub async fn twins(&mut self) -> anyhow::Result<Vec<TwinOrder>> {
+        match self.twins.take() {
+            Some(race) => race
+                .await
+                .map_err(|e| anyhow::anyhow!("the twin orders' task failed: {e}")),
+            None => Ok(Vec::new()),
+        }
     }
 
     /// After the round's customers are done: the late half of a fault (duplicates that
@@ -186,10 +293,61 @@ impl Struck {
                 replay_events(stack, &self.round_start).await?;
             }
             Fault::ClockBehind => stack.cores[self.core].restart().await,
+            Fault::RedisBackPastSettles => {
+                stack.redis.kill();
+                stack.redis.restart().await;
+                stack.redis.forget_snapshot();
+            }
             _ => {}
         }
         Ok(())
     }
+}
+
+/// A session of the round's database with the voucher's row locked in a transaction it
+/// leaves open (the campaign's own session: no idle timeout ends it).
+async fn lock_voucher_row(stack: &CampaignStack, code: &str) -> anyhow::Result<PgConnection> {
+    let mut session = PgConnection::connect(&stack.db.url).await?;
+    sqlx::query("BEGIN").execute(&mut session).await?;
+    sqlx::query("SELECT 1 FROM vouchers WHERE code = $1 FOR UPDATE")
+        .bind(code)
+        .execute(&mut session)
+        .await?;
+    Ok(session)
+}
+
+/// Opens sessions until the server refuses one, ends the cores' sessions, and takes the
+/// slots they free: what a runaway client or a connection storm does to a shared server.
+/// Returns the sessions taken and how many others were ended.
+async fn take_connections(stack: &CampaignStack) -> anyhow::Result<(Vec<PgConnection>, usize)> {
+    // The server's own limit bounds the loop; this only guards against a server that
+    // never refuses.
+    const AT_MOST: usize = 1_000;
+    const TAKER: &str = "voucher-campaign-taker";
+    async fn fill(options: &PgConnectOptions, sessions: &mut Vec<PgConnection>) {
+        while sessions.len() < AT_MOST {
+            match PgConnection::connect_with(options).await {
+                Ok(session) => sessions.push(session),
+                Err(_) => break,
+            }
+        }
+    }
+    let options = PgConnectOptions::from_str(&stack.db.url)?.application_name(TAKER);
+    let mut sessions = Vec::new();
+    fill(&options, &mut sessions).await;
+    let Some(first) = sessions.first_mut() else {
+        anyhow::bail!("no connection to take: the database refused the first one");
+    };
+    let ended: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()
+           AND application_name <> $1",
+    )
+    .bind(TAKER)
+    .fetch_all(&mut *first)
+    .await?;
+    fill(&options, &mut sessions).await;
+    Ok((sessions, ended.into_iter().filter(|e| *e).count()))
 }
 
 /// Closes the round's database to new connections and ends its sessions, or opens it again.

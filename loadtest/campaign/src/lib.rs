@@ -5,6 +5,7 @@
 //! - [`fault`]: the faults, struck and healed;
 //! - [`round`]: one round: the voucher, the customers, the fault, the checks;
 //! - [`report`]: the table per fault and the verdict;
+//! - [`twin`]: the twin orders of the `twin-orders` fault, and their checks;
 //! - [`rng`]: the seed's one source of chance.
 
 pub mod fault;
@@ -12,6 +13,7 @@ pub mod report;
 pub mod rng;
 pub mod round;
 pub mod stack;
+pub mod twin;
 
 use std::path::Path;
 
@@ -126,16 +128,16 @@ mod tests {
         assert_eq!(
             rows,
             [
-                ("redis-old-snapshot", 319, 1590),
-                ("pause-broker", 848, 2045),
-                ("redis-restart-empty", 1750, 1737),
-                ("none", 322, 2816),
-                ("clock-behind", 1541, 1014),
-                ("none", 444, 2485),
-                ("redis-flushall", 1459, 1709),
-                ("pause-broker", 1754, 1036),
+                ("kill-both-cores", 319, 1590),
+                ("duplicate-events", 848, 2045),
+                ("pause-core-long", 1750, 6737),
+                ("redis-back-past-settles", 322, 2816),
+                ("kill-broker", 1541, 1014),
+                ("redis-flushall", 444, 2485),
+                ("none", 1459, 1709),
+                ("database-connections-taken", 1754, 1036),
                 ("clock-behind", 656, 2975),
-                ("redis-old-snapshot", 681, 2688),
+                ("kill-both-cores", 681, 2688),
             ]
         );
     }

@@ -76,16 +76,17 @@ pub fn markdown(header: &[String], outcomes: &[RoundOutcome]) -> String {
         );
     }
     let _ = writeln!(md, "\n## Rounds\n");
-    let _ = writeln!(md, "| round | fault | struck at | lasted | 201s held | released | unsold | sold after the sale | recovered in | verdict |");
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "| round | fault | struck at | lasted | what it did | 201s held | released | unsold | sold after the sale | recovered in | verdict |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|");
     for o in outcomes {
         let _ = writeln!(
             md,
-            "| {} | {} | {} ms | {} ms | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} ms | {} ms | {} | {} | {} | {} | {} | {} | {} |",
             o.plan.index,
             o.plan.fault.name(),
             o.plan.fault_at.as_millis(),
             o.plan.fault_for.as_millis(),
+            o.effect,
             o.held,
             o.released,
             o.unsold,

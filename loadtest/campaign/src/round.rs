@@ -13,6 +13,7 @@ use voucher_testkit::stack::flash_voucher;
 use crate::fault::Fault;
 use crate::rng::Rng;
 use crate::stack::{CampaignStack, RECONCILE_GRACE, RECONCILE_INTERVAL};
+use crate::twin;
 
 /// How long after the later of its 201 and the fault's end a row may take to appear.
 pub const ROW_BOUND: Duration = Duration::from_secs(15);
@@ -71,7 +72,7 @@ impl RoundPlan {
             size,
             // While uses are still for sale: the fault must find something to break.
             fault_at: Duration::from_millis(rng.between(sale_ms / 10, sale_ms * 6 / 10)),
-            fault_for: Duration::from_millis(rng.between(1000, 3000)),
+            fault_for: fault.lasts(Duration::from_millis(rng.between(1000, 3000))),
             seed: rng.next_u64(),
         }
     }
@@ -96,6 +97,9 @@ pub struct RoundOutcome {
     pub unsold: i64,
     /// Uses sold after the sale, to the customers of the sell-out check.
     pub sold_late: usize,
+    /// What the fault did, where that is not plain from its name (connections taken,
+    /// where the twin orders went); empty otherwise.
+    pub effect: String,
 }
 
 impl RoundOutcome {
@@ -110,6 +114,7 @@ impl RoundOutcome {
             worst_row_wait: Duration::ZERO,
             unsold: plan.size.limit,
             sold_late: 0,
+            effect: String::new(),
             plan,
         }
     }
@@ -121,14 +126,15 @@ impl RoundOutcome {
 
 /// One customer's checkout as the client saw it.
 #[derive(Debug, Clone)]
-struct Checkout {
-    customer: String,
-    order: String,
-    status: u16,
-    /// Every status answered on the way (0: no answer, the connection failed).
-    answers: Vec<u16>,
-    accepted_at: Option<Instant>,
-    released: bool,
+pub struct Checkout {
+    pub customer: String,
+    pub order: String,
+    /// The last status (0: no answer, the connection failed).
+    pub status: u16,
+    /// Every status answered on the way.
+    pub answers: Vec<u16>,
+    pub accepted_at: Option<Instant>,
+    pub released: bool,
 }
 
 pub async fn run(stack: &mut CampaignStack, plan: RoundPlan) -> anyhow::Result<RoundOutcome> {
@@ -155,11 +161,17 @@ pub async fn run(stack: &mut CampaignStack, plan: RoundPlan) -> anyhow::Result<R
         give_up,
     ));
     tokio::time::sleep_until((started + plan.fault_at).into()).await;
-    let struck = plan.fault.strike(stack, &mut rng, round_start).await?;
+    let mut struck = plan
+        .fault
+        .strike(stack, &mut rng, round_start, &code, give_up)
+        .await?;
     tokio::time::sleep(plan.fault_for).await;
     struck.heal(stack).await?;
     let healed = Instant::now();
     let mut checkouts = customers.await??;
+    // The round's side of each twin order is one more of its checkouts.
+    let twins = struck.twins().await?;
+    checkouts.extend(twins.iter().map(|pair| pair.here.clone()));
     struck.after_sale(stack).await?;
     // A late customer: the gate is read (and rebuilt, if a fault took it) once more.
     checkouts.push(
@@ -184,6 +196,10 @@ pub async fn run(stack: &mut CampaignStack, plan: RoundPlan) -> anyhow::Result<R
     violations.extend(report.violations);
     check_answers(&checkouts, plan.size.limit, &mut violations);
     check_replays(stack, &code, &checkouts, &mut violations).await?;
+    let mut effect = struck.effect().to_owned();
+    if !twins.is_empty() {
+        effect = twin::check(stack, &code, &twins, healed, &mut violations).await?;
+    }
 
     // What is left of the stock must sell out: a use neither sold nor free once the bound
     // has passed is a violation, not a figure.
@@ -222,6 +238,7 @@ pub async fn run(stack: &mut CampaignStack, plan: RoundPlan) -> anyhow::Result<R
         worst_row_wait,
         unsold: plan.size.limit - active,
         sold_late: sold_late.len(),
+        effect,
         plan,
     })
 }
@@ -287,7 +304,7 @@ where
 }
 
 /// Reserves, retrying 503s and lost connections until `give_up`.
-async fn checkout(
+pub(crate) async fn checkout(
     api: &ApiClient,
     code: &str,
     customer: String,
@@ -387,7 +404,7 @@ async fn rows_within_bound(
 /// Checks invariants 1 to 4 and the round's gate (5) until they hold or the bound passes.
 /// A check that cannot run yet (the campaign's own connection to a Redis that just
 /// restarted) is tried again, and reported if it still cannot run at the bound.
-async fn settled(
+pub(crate) async fn settled(
     stack: &CampaignStack,
     code: &str,
     accepted: &[Accepted],
@@ -482,7 +499,7 @@ async fn sell_out(
 /// Every customer that got a 201 replays its order with the same body: the answer must be
 /// a 201 marked `Idempotent-Replayed` whose status is PostgreSQL's row's, whatever the
 /// gate went through.
-async fn check_replays(
+pub(crate) async fn check_replays(
     stack: &CampaignStack,
     code: &str,
     checkouts: &[Checkout],
@@ -527,7 +544,7 @@ async fn check_replays(
 
 /// What the answers alone must show: no more 201s held than uses, no customer holding two,
 /// no 5xx but 503.
-fn check_answers(checkouts: &[Checkout], limit: i64, violations: &mut Vec<String>) {
+pub(crate) fn check_answers(checkouts: &[Checkout], limit: i64, violations: &mut Vec<String>) {
     let held: Vec<&Checkout> = checkouts
         .iter()
         .filter(|c| c.status == 201 && !c.released)

@@ -147,6 +147,17 @@ impl RedisServer {
     pub fn kill(&mut self) {
         self.process.kill();
     }
+
+    /// Freezes the server (SIGSTOP): connections stay open, nothing is answered and
+    /// nothing is lost, as when its host stalls.
+    pub fn pause(&self) {
+        self.process.pause();
+    }
+
+    /// Lets a server frozen by [`Self::pause`] go on.
+    pub fn unpause(&self) {
+        self.process.unpause();
+    }
 }
 
 /// A connection to the tests' Redis, for tests that inspect or damage the gate by hand.
