@@ -198,7 +198,7 @@ impl Fault {
             Fault::DatabaseOutage => database_connections(stack, false).await?,
             Fault::DatabaseRestart => stack.postgres.crash(),
             Fault::DuplicateEvents => {
-                replay_events(stack, &round_start).await?;
+                effect = replay_events(stack, &round_start).await?.to_string();
             }
             Fault::ClockBehind => stack.cores[core].restart_with(&CLOCK_STEPPED_BACK).await,
             Fault::RedisBackPastSettles => stack.redis.snapshot().await?,
@@ -287,10 +287,11 @@ impl Struck {
 
     /// After the round's customers are done: the late half of a fault (duplicates that
     /// arrive after the releases).
-    pub async fn after_sale(&self, stack: &mut CampaignStack) -> anyhow::Result<()> {
+    pub async fn after_sale(&mut self, stack: &mut CampaignStack) -> anyhow::Result<()> {
         match self.fault {
             Fault::DuplicateEvents => {
-                replay_events(stack, &self.round_start).await?;
+                let late = replay_events(stack, &self.round_start).await?;
+                self.effect = format!("during: {}; after: {late}", self.effect);
             }
             Fault::ClockBehind => stack.cores[self.core].restart().await,
             Fault::RedisBackPastSettles => {
@@ -373,8 +374,9 @@ async fn database_connections(stack: &CampaignStack, allow: bool) -> anyhow::Res
 
 /// Publishes again every event from `from` (per partition) up to the high watermarks now,
 /// with its key and payload: duplicates as a producer's retry or a mirror would make them.
-/// Returns how many.
-pub async fn replay_events(stack: &CampaignStack, from: &[(i32, i64)]) -> anyhow::Result<usize> {
+/// Returns how many, and why it stopped short if the broker did not take one (a fault
+/// that could not be struck whole is not the service's failure; the report says so).
+pub async fn replay_events(stack: &CampaignStack, from: &[(i32, i64)]) -> anyhow::Result<Replayed> {
     let kafka = stack
         .settings
         .kafka
@@ -394,7 +396,7 @@ pub async fn replay_events(stack: &CampaignStack, from: &[(i32, i64)]) -> anyhow
         }
     }
     if remaining == 0 {
-        return Ok(0);
+        return Ok(Replayed::default());
     }
     let reader: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", &kafka.brokers)
@@ -405,9 +407,12 @@ pub async fn replay_events(stack: &CampaignStack, from: &[(i32, i64)]) -> anyhow
         .set("enable.auto.commit", "false")
         .create()?;
     reader.assign(&assignment)?;
+    // Bounded: librdkafka's default waits five minutes for an acknowledgement (a broker
+    // that came back from a kill may take its time), and a round must not.
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", &kafka.brokers)
         .set("acks", "all")
+        .set("message.timeout.ms", "5000")
         .create()?;
     let mut replayed = 0;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -429,11 +434,34 @@ pub async fn replay_events(stack: &CampaignStack, from: &[(i32, i64)]) -> anyhow
         if let Some(key) = message.key() {
             record = record.key(key);
         }
-        producer
-            .send(record, Duration::from_secs(5))
-            .await
-            .map_err(|(e, _)| anyhow::anyhow!("replay send failed: {e}"))?;
+        if let Err((e, _)) = producer.send(record, Duration::from_secs(5)).await {
+            return Ok(Replayed {
+                count: replayed as usize,
+                stopped: Some(e.to_string()),
+            });
+        }
         replayed += 1;
     }
-    Ok(replayed as usize)
+    Ok(Replayed {
+        count: replayed as usize,
+        stopped: None,
+    })
+}
+
+/// What [`replay_events`] published again.
+#[derive(Debug, Default)]
+pub struct Replayed {
+    pub count: usize,
+    /// Why it stopped before the last event, if it did.
+    pub stopped: Option<String>,
+}
+
+impl std::fmt::Display for Replayed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} events published again", self.count)?;
+        if let Some(why) = &self.stopped {
+            write!(f, ", then the broker took no more ({why})")?;
+        }
+        Ok(())
+    }
 }
