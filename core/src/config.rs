@@ -363,6 +363,10 @@ pub struct FlashSettings {
     /// reservations one of them takes.
     pub record_workers: usize,
     pub record_batch_max: usize,
+    /// How long a batch waits for more reservations once it has one (and fewer than
+    /// `record_batch_max`): what a reservation may wait for company, at most.
+    #[serde(with = "humantime_serde")]
+    pub record_linger: Duration,
 }
 
 /// Who has the last word on a flash reservation before its 201.
@@ -401,6 +405,7 @@ impl Default for FlashSettings {
             // voucher's row (flash sale sustained 1,000/s); 1 made batches of 11 (2,000/s).
             record_workers: 1,
             record_batch_max: 200,
+            record_linger: Duration::from_millis(1),
         }
     }
 }

@@ -52,7 +52,7 @@ use events::progress::Progress;
 use events::publisher::Publisher;
 use gate::Gate;
 use reconcile::Reconciler;
-use recorder::Recorder;
+use recorder::{Grouping, Recorder};
 
 pub use rebuild::Rebuild;
 
@@ -166,17 +166,22 @@ impl FlashPath {
         metrics: Arc<Metrics>,
         settings: FlashSettings,
     ) -> anyhow::Result<Self> {
+        let recorder = (settings.decision == Decision::Database).then(|| {
+            Recorder::start(
+                store.clone(),
+                gate.clone(),
+                Grouping {
+                    workers: settings.record_workers,
+                    batch_max: settings.record_batch_max,
+                    linger: settings.record_linger,
+                },
+            )
+        });
         Ok(Self {
             inner: Arc::new(Inner {
                 gate,
                 publisher: Publisher::new(kafka)?,
-                recorder: (settings.decision == Decision::Database).then(|| {
-                    Recorder::start(
-                        store.clone(),
-                        settings.record_workers,
-                        settings.record_batch_max,
-                    )
-                }),
+                recorder,
                 progress: Progress::new(kafka, store.clone())?,
                 consumer_health: Arc::default(),
                 store,

@@ -147,8 +147,9 @@ impl FlashPath {
     /// 1. the voucher's next generation is taken (committed on its own, after every write of
     ///    a use an older gate decided), then one consistent read;
     /// 2. the gate is filled while closed, [`CHUNK`] entries per Redis call, so a voucher of
-    ///    any size loads without a long call; each chunk's order claims are restored first,
-    ///    so no other voucher can take one of these orders once the gate opens;
+    ///    any size loads without a long call; with the broker deciding, each chunk's order
+    ///    claims are restored first, so no other voucher can take one of these orders once
+    ///    the gate opens;
     /// 3. it opens only if the generation is still the voucher's latest in PostgreSQL and
     ///    the loading marker in Redis is still this load's. A slow load of an older read
     ///    (a paused core) can therefore never open over a newer one, even if Redis lost
@@ -176,8 +177,13 @@ impl FlashPath {
                     .iter()
                     .map(|r| (r.order_id.to_string(), OrderRecord::from(r)))
                     .collect();
-                let ids: Vec<String> = orders.iter().map(|(o, _)| o.clone()).collect();
-                gate.claim_orders(&voucher.code, &ids).await?;
+                // With the broker deciding, the claims lost with the gate come back before
+                // it opens; with PostgreSQL deciding there are none (its unique orderId is
+                // the guard across vouchers).
+                if !self.database_decides() {
+                    let ids: Vec<String> = orders.iter().map(|(o, _)| o.clone()).collect();
+                    gate.claim_orders(&voucher.code, &ids).await?;
+                }
                 if !gate.fill_load(&loading, &[], &orders).await? {
                     filled = false;
                     break;

@@ -2,17 +2,22 @@
 //! of uses the gate took are committed in grouped transactions before anyone gets a 201.
 //!
 //! Reservations queue on a channel; each of `record_workers` tasks takes whatever has
-//! queued (up to `record_batch_max`) and records it in one transaction
-//! (`store::record_decided`: the voucher's and the customer's counted limits and the
-//! orderId's uniqueness are checked there). No batch waits for company: under load the
-//! queue fills while the previous transactions run, so batches grow with the load.
+//! queued, waits up to `record_linger` for more (up to `record_batch_max` in all), and
+//! records the batch in one transaction (`store::record_decided`: the voucher's and the
+//! customer's counted limits and the orderId's uniqueness are checked there), on a
+//! connection it keeps between batches. Under load the queue fills while the previous
+//! transaction runs, so batches grow with the load; the linger bounds what a lone
+//! reservation waits for company. Once the answers are out, the batch's committed orders
+//! are settled in the gate, one call per voucher (`settle.lua`).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, Mutex};
 
-use super::gate::Generation;
-use crate::domain::Reservation;
+use super::gate::{Gate, Generation};
+use crate::domain::{Reservation, VoucherCode};
 use crate::error::Error;
 use crate::store::{Recording, Store};
 use crate::Result;
@@ -47,15 +52,31 @@ pub struct Recorder {
     queue: mpsc::Sender<Job>,
 }
 
+/// How the recorder groups its batches (`flash.record_*`).
+#[derive(Debug, Clone, Copy)]
+pub struct Grouping {
+    pub workers: usize,
+    pub batch_max: usize,
+    pub linger: Duration,
+}
+
 impl Recorder {
-    /// Starts `workers` recording tasks on `store`; they end when every `Recorder` clone
-    /// is dropped.
-    pub fn start(store: Store, workers: usize, batch_max: usize) -> Self {
-        let batch_max = batch_max.max(1);
-        let (queue, jobs) = mpsc::channel(batch_max * workers.max(1) * 4);
+    /// Starts the recording tasks on `store`, settling committed orders in `gate`; they end
+    /// when every `Recorder` clone is dropped.
+    pub fn start(store: Store, gate: Gate, grouping: Grouping) -> Self {
+        let workers = grouping.workers.max(1);
+        let batch_max = grouping.batch_max.max(1);
+        let (queue, jobs) = mpsc::channel(batch_max * workers * 4);
         let jobs = Arc::new(Mutex::new(jobs));
-        for _ in 0..workers.max(1) {
-            tokio::spawn(work(store.clone(), jobs.clone(), batch_max));
+        for _ in 0..workers {
+            let worker = Worker {
+                writer: store.decided_writer(),
+                gate: gate.clone(),
+                jobs: jobs.clone(),
+                batch_max,
+                linger: grouping.linger,
+            };
+            tokio::spawn(worker.run());
         }
         Self { queue }
     }
@@ -83,56 +104,120 @@ impl Recorder {
     }
 }
 
-/// One worker: takes what has queued, records it, answers each waiter.
-async fn work(store: Store, jobs: Arc<Mutex<mpsc::Receiver<Job>>>, batch_max: usize) {
-    loop {
-        let mut batch = Vec::new();
-        {
-            let mut jobs = jobs.lock().await;
-            if jobs.recv_many(&mut batch, batch_max).await == 0 {
-                return;
-            }
-        }
-        let generations: Vec<i64> = batch.iter().map(|job| job.generation.0).collect();
-        let (reservations, answers): (Vec<Reservation>, Vec<_>) = batch
-            .into_iter()
-            .map(|job| (job.reservation, job.answer))
-            .unzip();
-        match store.record_decided(&reservations, &generations).await {
-            Ok(Recording::NotSent(e)) => {
-                tracing::warn!(error = %e.chain(), "no database connection; reservations not recorded");
-                for answer in answers {
-                    let _ = answer.send(Ok(Recorded::NotSent));
+/// One recording task.
+struct Worker {
+    writer: crate::store::DecidedWriter,
+    gate: Gate,
+    jobs: Arc<Mutex<mpsc::Receiver<Job>>>,
+    batch_max: usize,
+    linger: Duration,
+}
+
+impl Worker {
+    /// Takes a batch, records it, answers each waiter, settles; until the queue closes.
+    async fn run(mut self) {
+        while let Some(batch) = self.next_batch().await {
+            let generations: Vec<i64> = batch.iter().map(|job| job.generation.0).collect();
+            let (reservations, answers): (Vec<Reservation>, Vec<_>) = batch
+                .into_iter()
+                .map(|job| (job.reservation, job.answer))
+                .unzip();
+            let outcomes: Vec<Result<Recorded>> = match self
+                .writer
+                .record(&reservations, &generations)
+                .await
+            {
+                Ok(Recording::NotSent(e)) => {
+                    tracing::warn!(error = %e.chain(), "no database connection; reservations not recorded");
+                    (0..answers.len()).map(|_| Ok(Recorded::NotSent)).collect()
                 }
-            }
-            Ok(Recording::Done(result)) => {
-                let mut outcomes = vec![Recorded::Stored; answers.len()];
-                for (i, row) in result.repeats {
-                    if let Some(outcome) = outcomes.get_mut(i) {
-                        *outcome = Recorded::Existing(row);
+                Ok(Recording::Done(result)) => {
+                    let mut outcomes = vec![Recorded::Stored; answers.len()];
+                    for (i, row) in result.repeats {
+                        if let Some(outcome) = outcomes.get_mut(i) {
+                            *outcome = Recorded::Existing(row);
+                        }
                     }
-                }
-                for (i, reason) in result.refused {
-                    if let Some(outcome) = outcomes.get_mut(i) {
-                        *outcome = Recorded::Refused(reason);
+                    for (i, reason) in result.refused {
+                        if let Some(outcome) = outcomes.get_mut(i) {
+                            *outcome = Recorded::Refused(reason);
+                        }
                     }
-                }
-                for i in result.stale {
-                    if let Some(outcome) = outcomes.get_mut(i) {
-                        *outcome = Recorded::Superseded;
+                    for i in result.stale {
+                        if let Some(outcome) = outcomes.get_mut(i) {
+                            *outcome = Recorded::Superseded;
+                        }
                     }
+                    outcomes.into_iter().map(Ok).collect()
                 }
-                for (answer, outcome) in answers.into_iter().zip(outcomes) {
-                    let _ = answer.send(Ok(outcome));
+                Err(e) => {
+                    let shared = Arc::new(e);
+                    (0..answers.len())
+                        .map(|_| Err(Error::unavailable_because("database", shared.clone())))
+                        .collect()
                 }
+            };
+            let stored = committed_by_voucher(&reservations, &outcomes);
+            for (answer, outcome) in answers.into_iter().zip(outcomes) {
+                let _ = answer.send(outcome);
             }
-            Err(e) => {
-                let shared = Arc::new(e);
-                for answer in answers {
-                    let _ =
-                        answer.send(Err(Error::unavailable_because("database", shared.clone())));
-                }
-            }
+            self.settle(stored);
         }
     }
+
+    /// What has queued (waiting for the first), then what arrives within the linger, up to
+    /// `batch_max`. `None` once every sender is gone.
+    async fn next_batch(&self) -> Option<Vec<Job>> {
+        let mut batch = Vec::new();
+        let mut jobs = self.jobs.lock().await;
+        if jobs.recv_many(&mut batch, self.batch_max).await == 0 {
+            return None;
+        }
+        if !self.linger.is_zero() {
+            let until = tokio::time::Instant::now() + self.linger;
+            while batch.len() < self.batch_max {
+                let room = self.batch_max - batch.len();
+                match tokio::time::timeout_at(until, jobs.recv_many(&mut batch, room)).await {
+                    Ok(n) if n > 0 => {}
+                    _ => break,
+                }
+            }
+        }
+        Some(batch)
+    }
+
+    /// The records of orders now committed move P -> A in the gate, one call per voucher,
+    /// off the answers' path. Best effort: a record left in P whose row exists is settled
+    /// by reconciliation, and is never given back meanwhile.
+    fn settle(&self, stored: BTreeMap<VoucherCode, Vec<String>>) {
+        if stored.is_empty() {
+            return;
+        }
+        let gate = self.gate.clone();
+        tokio::spawn(async move {
+            for (code, orders) in stored {
+                let orders: Vec<&str> = orders.iter().map(String::as_str).collect();
+                if let Err(e) = gate.settle_committed(&code, &orders).await {
+                    tracing::debug!(error = %e.chain(), %code, "committed orders not settled in the gate; reconciliation will");
+                }
+            }
+        });
+    }
+}
+
+/// The orders of a batch whose rows this batch committed, by voucher.
+fn committed_by_voucher(
+    batch: &[Reservation],
+    outcomes: &[Result<Recorded>],
+) -> BTreeMap<VoucherCode, Vec<String>> {
+    let mut stored: BTreeMap<VoucherCode, Vec<String>> = BTreeMap::new();
+    for (r, outcome) in batch.iter().zip(outcomes) {
+        if matches!(outcome, Ok(Recorded::Stored)) {
+            stored
+                .entry(r.voucher_code.clone())
+                .or_default()
+                .push(r.order_id.to_string());
+        }
+    }
+    stored
 }

@@ -1,6 +1,11 @@
-//! The reserve use case of flash mode: the gate takes a use, the orderId is claimed across
-//! vouchers, then PostgreSQL's commit (or, with the broker deciding, the event's
-//! acknowledgement) turns it into a 201.
+//! The reserve use case of flash mode: the gate takes a use, then PostgreSQL's commit turns
+//! it into a 201; with the broker deciding, the orderId is claimed across vouchers first
+//! and the event's acknowledgement turns it into a 201.
+//!
+//! With PostgreSQL deciding, the gate script is the request's only Redis call: the
+//! orderId's uniqueness across vouchers rests on `redemptions`' unique orderId (a second
+//! voucher's commit is refused, its use goes back, `ORDER_ID_CONFLICT`), and the record's
+//! move to "decided" is made for the recorder's whole batch at once, after the answers.
 //!
 //! A retry is answered from PostgreSQL's row whenever one exists: its status, amount,
 //! discount and expiry, whatever the gate's record says (a gate restored from an older
@@ -14,7 +19,7 @@ use std::time::Instant;
 use super::events::publisher::PublishError;
 use super::events::ReservedEvent;
 use super::gate::{
-    GateDecision, Generation, GiveBack, MarkAlso, OrderRecord, RecordState, Refusal, ReleaseOutcome,
+    GateDecision, Generation, GiveBack, MarkAlso, OrderRecord, RecordState, Refusal,
 };
 use super::recorder::{Recorded, Recorder};
 use super::FlashPath;
@@ -114,7 +119,8 @@ impl FlashPath {
         decision
     }
 
-    /// A use just taken: claim the orderId, publish, then answer.
+    /// A use just taken: record it (PostgreSQL deciding), or claim the orderId and publish;
+    /// then answer.
     async fn publish_new(
         &self,
         voucher: &Arc<Voucher>,
@@ -122,8 +128,14 @@ impl FlashPath {
         record: OrderRecord,
         generation: Generation,
     ) -> Result<ReserveOutcome> {
-        // One orderId, one voucher: the gate's records are per voucher, so a global claim
-        // catches the same orderId on two flash vouchers.
+        if let Some(recorder) = &self.inner.recorder {
+            let attempt = Attempt::First;
+            return self
+                .decided_by_database(voucher, recorder, request, record, generation, attempt)
+                .await;
+        }
+        // One orderId, one voucher: the gate's records are per voucher, and with the broker
+        // deciding nothing else sees the same orderId on two flash vouchers before the 201.
         let claimed = self
             .inner
             .gate
@@ -133,12 +145,6 @@ impl FlashPath {
             Ok(true) => {}
             Ok(false) => return self.undo(request, &record, Error::OrderIdConflict).await,
             Err(e) => return self.undo(request, &record, e).await,
-        }
-        if let Some(recorder) = &self.inner.recorder {
-            let attempt = Attempt::First;
-            return self
-                .decided_by_database(voucher, recorder, request, record, generation, attempt)
-                .await;
         }
         match self.publish(request, &record).await {
             Ok(()) => Ok(ReserveOutcome::Reserved(
@@ -160,8 +166,9 @@ impl FlashPath {
     }
 
     /// The use just taken goes back, since nothing will be recorded for it, unless a retry
-    /// has started a publish of its own since; then answers `answer`. The orderId's claim
-    /// goes with it: nothing holds the order anywhere.
+    /// has started a publish of its own since; then answers `answer`. (A claim of the
+    /// orderId, with the broker deciding, stays: a retry on another core may hold the order
+    /// again by now, and the claim is what keeps it off a second voucher.)
     async fn undo(
         &self,
         request: &ReservationRequest,
@@ -172,32 +179,9 @@ impl FlashPath {
             states: vec![RecordState::Pending],
             published_by_ms: record.publish_ms,
         };
-        let outcome = self
-            .give_back(&request.voucher_code, &request.order_id, mine)
+        self.give_back(&request.voucher_code, &request.order_id, mine)
             .await?;
-        if outcome == ReleaseOutcome::Released {
-            self.unclaim_best_effort(request).await;
-        }
         Err(answer)
-    }
-
-    /// Drops this voucher's claim of the order; a failure only leaves the claim to its TTL
-    /// (the orderId then stays refused on other vouchers), so it is logged, not raised.
-    /// Only with PostgreSQL deciding: a retry on another core may re-reserve the order
-    /// between the give-back and this, and then only PostgreSQL's unique orderId keeps it
-    /// off a second voucher (with the broker deciding, the claim is that guard).
-    async fn unclaim_best_effort(&self, request: &ReservationRequest) {
-        if !self.database_decides() {
-            return;
-        }
-        let unclaimed = self
-            .inner
-            .gate
-            .unclaim_order(&request.order_id, &request.voucher_code)
-            .await;
-        if let Err(e) = unclaimed {
-            tracing::warn!(error = %e.chain(), order_id = %request.order_id, "orderId claim not dropped");
-        }
     }
 
     /// A retry of an order whose event is not yet acknowledged: publish it again (the
@@ -233,17 +217,17 @@ impl FlashPath {
                 };
             }
         }
-        // The claim may have been lost with Redis since the first attempt: hold it again
-        // before publishing, or refuse if another voucher took the orderId meanwhile.
-        if !gate.claim_order(order_id, code).await? {
-            return Err(Error::OrderIdConflict);
-        }
         if let Some(recorder) = &self.inner.recorder {
             let attempt = Attempt::Retry;
             return self
                 .decided_by_database(voucher, recorder, request, record, generation, attempt)
                 .await
                 .map(Some);
+        }
+        // The claim may have been lost with Redis since the first attempt: hold it again
+        // before publishing, or refuse if another voucher took the orderId meanwhile.
+        if !gate.claim_order(order_id, code).await? {
+            return Err(Error::OrderIdConflict);
         }
         match self.publish(request, &record).await {
             Ok(()) => Ok(Some(ReserveOutcome::Retried(
@@ -263,8 +247,8 @@ impl FlashPath {
     /// Certainly not written (no statement was sent) on the order's first attempt: the use
     /// goes back at once (503).
     ///
-    /// Recorded, the record moves P -> A, the client gets its reservation, and the event is
-    /// published afterwards. Found recorded already (an earlier attempt's row, which the
+    /// Recorded, the client gets its reservation, the record moves P -> A with its batch,
+    /// and the event is published afterwards. Found recorded already (an earlier attempt's row, which the
     /// gate had lost), the row is the answer and the record is brought in step with it.
     async fn decided_by_database(
         &self,
@@ -283,9 +267,11 @@ impl FlashPath {
                 .answer_from_row(row, request, Some(RecordState::Pending))
                 .await;
         }
-        let reservation = self
-            .acknowledged(request, record.clone(), MarkAlso::Settle)
-            .await?;
+        // Decided. The record moves P -> A with the rest of its batch, in one call the
+        // recorder makes after the answers (`settle.lua`): no Redis call of its own here.
+        let mut decided = record.clone();
+        decided.state = RecordState::Accepted;
+        let reservation = decided.reservation(&request.voucher_code, &request.order_id)?;
         self.publish_afterwards(request, record);
         Ok(match attempt {
             Attempt::First => ReserveOutcome::Reserved(reservation),
@@ -351,12 +337,8 @@ impl FlashPath {
                     reason,
                     "the gate let through a use PostgreSQL refuses"
                 );
-                let outcome = self
-                    .forget_refused(&request.voucher_code, &request.order_id)
+                self.forget_refused(&request.voucher_code, &request.order_id)
                     .await?;
-                if outcome == ReleaseOutcome::Released {
-                    self.unclaim_best_effort(request).await;
-                }
                 Err(crate::error::constraint_error(&reason)
                     .unwrap_or_else(|| Error::corrupt(format!("refused by {reason}"))))
             }

@@ -6,7 +6,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use sqlx::{Connection, PgConnection};
+use sqlx::pool::PoolConnection;
+use sqlx::{Connection, PgConnection, Postgres};
 
 use super::partitions::{store_offset, PartitionKey};
 use super::reservations::{take_customer_use, take_voucher_use, RedemptionRow, REDEMPTION_COLUMNS};
@@ -31,15 +32,51 @@ impl super::Store {
         batch: &[Reservation],
         generations: &[i64],
     ) -> Result<Recording> {
-        // No connection, nothing sent: certainly not written, which the caller may act on
-        // at once (give the uses back) instead of waiting for reconciliation.
-        let mut conn = match self.pool.acquire().await {
-            Ok(conn) => conn,
-            Err(e) => return Ok(Recording::NotSent(e.into())),
+        self.decided_writer().record(batch, generations).await
+    }
+
+    /// A writer of decided batches that keeps one connection of the pool between batches
+    /// (the recorder's): no test of the connection before each batch, which would cost a
+    /// round trip per batch.
+    pub fn decided_writer(&self) -> DecidedWriter {
+        DecidedWriter {
+            store: self.clone(),
+            conn: None,
+        }
+    }
+}
+
+/// Records decided batches on a connection it keeps (see [`super::Store::record_decided`]
+/// for what a batch does). A batch that fails with the connection in an unknown state
+/// (an I/O error, the session ended) drops it: the next batch takes a fresh one.
+pub struct DecidedWriter {
+    store: super::Store,
+    conn: Option<PoolConnection<Postgres>>,
+}
+
+impl DecidedWriter {
+    pub async fn record(
+        &mut self,
+        batch: &[Reservation],
+        generations: &[i64],
+    ) -> Result<Recording> {
+        let conn = match &mut self.conn {
+            Some(conn) => conn,
+            // No connection, nothing sent: certainly not written, which the caller may act
+            // on at once (give the uses back) instead of waiting for reconciliation.
+            None => match self.store.pool.acquire().await {
+                Ok(conn) => self.conn.insert(conn),
+                Err(e) => return Ok(Recording::NotSent(e.into())),
+            },
         };
-        record_reserved(&mut conn, batch, generations, None)
-            .await
-            .map(Recording::Done)
+        let recorded = record_reserved(conn, batch, generations, None).await;
+        if recorded.is_err() {
+            if let Some(conn) = self.conn.take() {
+                // Closed, not handed back: it may be broken, or inside a failed transaction.
+                let _ = conn.close().await;
+            }
+        }
+        recorded.map(Recording::Done)
     }
 }
 

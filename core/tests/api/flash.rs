@@ -559,8 +559,12 @@ async fn a_new_voucher_never_inherits_the_gate_keys_of_an_old_one() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_rebuilt_gate_claims_its_orders_again() {
-    let env = FlashStack::start().await;
+async fn with_the_broker_deciding_a_rebuilt_gate_claims_its_orders_again() {
+    // With the broker deciding, the claim is what keeps one orderId off a second flash
+    // voucher before the 201 (with PostgreSQL deciding, the unique orderId is).
+    let env = FlashStack::builder()
+        .start_with(|s| s.flash.decision = Decision::Broker)
+        .await;
     let app = env.app();
     app.given_voucher(flash_voucher("CLA", 5, 1)).await;
     app.given_voucher(flash_voucher("CLB", 5, 1)).await;
@@ -599,14 +603,20 @@ pub(crate) async fn uses_appear(env: &FlashStack, code: &str, n: i64) {
         .expect("incremented");
 }
 
-/// Deletes every orderId claim under `prefix`.
-async fn delete_claims(prefix: &str) {
+/// Every orderId claim key under `prefix`.
+async fn claims(prefix: &str) -> Vec<String> {
     let mut conn = crate::stack::redis_connection().await;
-    let keys: Vec<String> = redis::cmd("KEYS")
+    redis::cmd("KEYS")
         .arg(format!("{prefix}order-owner:*"))
         .query_async(&mut conn)
         .await
-        .expect("keys");
+        .expect("keys")
+}
+
+/// Deletes every orderId claim under `prefix`.
+async fn delete_claims(prefix: &str) {
+    let mut conn = crate::stack::redis_connection().await;
+    let keys = claims(prefix).await;
     assert!(!keys.is_empty(), "claims exist before they are lost");
     let _: () = redis::cmd("DEL")
         .arg(keys)
@@ -762,11 +772,10 @@ async fn with_postgresql_deciding_a_stale_gate_answers_409_not_201() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn with_postgresql_deciding_a_lost_order_claim_cannot_give_one_order_two_uses() {
-    // The reproduction: an order reserved on flash voucher A, its claim deleted
-    // from Redis (gate intact), the same orderId reserved on flash voucher B. With the
-    // broker deciding that was a 201 whose event the writer then refused; with PostgreSQL
-    // deciding, the unique orderId refuses it before any answer.
+async fn with_postgresql_deciding_one_order_id_on_a_second_voucher_is_refused_at_its_commit() {
+    // An order reserved on flash voucher A, the same orderId reserved on flash voucher B.
+    // With PostgreSQL deciding no claim key is made (the gate script is the request's one
+    // Redis call): the unique orderId refuses it before any answer, and B's use goes back.
     let env = FlashStack::builder()
         .start_with(|s| s.flash.decision = Decision::Database)
         .await;
@@ -776,7 +785,10 @@ async fn with_postgresql_deciding_a_lost_order_claim_cannot_give_one_order_two_u
     let first = app.attempt("LCA", "c1", "lone-order", 100_000).await;
     assert_eq!(first.status, StatusCode::CREATED);
 
-    delete_claims(env.key_prefix()).await;
+    assert!(
+        claims(env.key_prefix()).await.is_empty(),
+        "no claim key with PostgreSQL deciding"
+    );
     let elsewhere = app.reserve("LCB", "c1", "lone-order", 100_000).await;
     assert_error(elsewhere, StatusCode::CONFLICT, "ORDER_ID_CONFLICT").await;
     assert_eq!(env.rows("LCB").await, 0);
@@ -784,6 +796,51 @@ async fn with_postgresql_deciding_a_lost_order_claim_cannot_give_one_order_two_u
     let b = VoucherCode::parse("LCB").expect("code");
     assert_eq!(env.gate.remaining(&b).await.expect("redis"), Some(5));
     env.finish(&[first.accepted()]).await;
+}
+
+/// With PostgreSQL deciding, a 201 costs the gate one call (its script): no claim key, and
+/// the records of a committed batch move to "decided" (A) and out of the unsettled set in
+/// one call after the answers, with no reconciliation running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_postgresql_deciding_committed_records_are_settled_with_their_batch() {
+    use voucher_core::domain::OrderId;
+    use voucher_core::flash::gate::RecordState;
+
+    let env = FlashStack::builder()
+        .start_with(|s| s.flash.decision = Decision::Database)
+        .await;
+    let app = env.app();
+    app.given_voucher(flash_voucher("SETTLE", 30, 1)).await;
+    let sale = Sale::new("SETTLE", "settle", 30).run(app).await;
+    assert_eq!(sale.created(), 30);
+    let code = VoucherCode::parse("SETTLE").expect("code");
+    let unsettled = format!("{}{{SETTLE}}:unsettled", env.key_prefix());
+    eventually(
+        Duration::from_secs(10),
+        "every committed order settled",
+        || async {
+            let mut conn = crate::stack::redis_connection().await;
+            let left: i64 = redis::cmd("ZCARD")
+                .arg(&unsettled)
+                .query_async(&mut conn)
+                .await
+                .ok()?;
+            (left == 0).then_some(())
+        },
+    )
+    .await;
+    for accepted in sale.accepted() {
+        let order = OrderId::parse(accepted.order_id.clone()).expect("order");
+        let record = env.gate.record(&code, &order).await.expect("redis");
+        assert_eq!(
+            record.map(|r| r.state),
+            Some(RecordState::Accepted),
+            "{}",
+            accepted.order_id
+        );
+    }
+    assert!(claims(env.key_prefix()).await.is_empty(), "no claim keys");
+    env.finish(&sale.accepted()).await;
 }
 
 /// While a gate is missing or being rebuilt, the order list and its filter (what edges

@@ -258,8 +258,8 @@ async fn an_order_postgresql_refused_is_free_for_another_voucher() {
     app.given_voucher(flash_voucher("UNB", 5, 1)).await;
     let sale = Sale::new("UNA", "una", 2).run(app).await;
     assert_eq!(sale.created(), 2);
-    // A gate back in time lets one more through; PostgreSQL refuses it. The orderId was
-    // claimed for UNA on the way: the claim goes with the use.
+    // A gate back in time lets one more through; PostgreSQL refuses it, and nothing of
+    // the order is held anywhere (no claim key: PostgreSQL decides).
     uses_appear(&env, "UNA", 1).await;
     let refused = app.attempt("UNA", "x1", "free-order", 100_000).await;
     assert_eq!(

@@ -7,7 +7,7 @@
 //! restart or SCRIPT FLUSH). Outcomes come back as typed enums.
 //!
 //! One module per family of calls:
-//! - [`reserve`]: the reserve path (decide, mark, release, the orderId's claim);
+//! - [`reserve`]: the reserve path (decide, mark, settle a batch, release, the orderId's claim);
 //! - [`load`]: loading a gate and its generations;
 //! - [`reconcile`]: what reconciliation reads, and its repair;
 //! - [`orders`]: every order of a gate, for the orders endpoint and the edge's filter;

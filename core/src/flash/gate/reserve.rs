@@ -1,6 +1,7 @@
 //! The gate on a reservation's path: the reserve script's decision, moving an order's
-//! record along (`mark`), giving a use back (`release`), and the orderId's claim across
-//! vouchers. Scripts: `lua/reserve/`.
+//! record along (`mark`, and `settle` for a recorder's committed batch), giving a use back
+//! (`release`), and, with the broker deciding, the orderId's claim across vouchers.
+//! Scripts: `lua/reserve/`.
 
 use super::{redis_down, Gate, Generation, OrderRecord, RecordState};
 use crate::domain::{Ineligibility, OrderId, ReservationRequest, VoucherCode};
@@ -165,6 +166,25 @@ impl Gate {
             .and_then(RecordState::from_letter))
     }
 
+    /// Moves every order of `orders` (of voucher `code`, committed in PostgreSQL by one
+    /// batch) from P to A and out of the unsettled set, in one call (`settle.lua`).
+    /// Returns how many moved: a record confirmed or released meanwhile stays as it is.
+    pub async fn settle_committed(&self, code: &VoucherCode, orders: &[&str]) -> Result<i64> {
+        if orders.is_empty() {
+            return Ok(0);
+        }
+        let k = self.keys(code);
+        let mut invocation = self.scripts.settle.prepare_invoke();
+        invocation.key(&k.orders).key(&k.unsettled);
+        for order in orders {
+            invocation.arg(*order);
+        }
+        invocation
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_down)
+    }
+
     /// Moves the order's record like [`Gate::mark`] after the decision was made elsewhere
     /// (the broker's ack, PostgreSQL's commit or confirm): a failure is logged, not raised,
     /// because the record a step behind holds the use either way.
@@ -262,21 +282,6 @@ impl Gate {
             .await
             .map_err(redis_down)?;
         Ok(owner.as_deref() == Some(code.as_str()))
-    }
-
-    /// Drops the claim of `order_id` if `code` holds it (`unclaim.lua`): its use went back
-    /// with nothing written, and the orderId must not stay refused on every other voucher
-    /// for the claim's 30 days. `true` when dropped.
-    pub async fn unclaim_order(&self, order_id: &OrderId, code: &VoucherCode) -> Result<bool> {
-        let dropped: i64 = self
-            .scripts
-            .unclaim
-            .key(self.claim_key(order_id.as_str()))
-            .arg(code.as_str())
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(redis_down)?;
-        Ok(dropped == 1)
     }
 
     /// The claim of one orderId: its own slot, deliberately outside any voucher's hash tag.

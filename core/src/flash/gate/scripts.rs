@@ -30,7 +30,7 @@ pub const SCRIPT_SOURCES: [ScriptSource; 11] = [
     lua!("reserve", "reserve/reserve.lua"),
     lua!("mark", "reserve/mark.lua"),
     lua!("release", "reserve/release.lua"),
-    lua!("unclaim", "reserve/unclaim.lua"),
+    lua!("settle", "reserve/settle.lua"),
     lua!("load_begin", "load/load_begin.lua"),
     lua!("load_fill", "load/load_fill.lua"),
     lua!("load_open", "load/load_open.lua"),
@@ -48,7 +48,7 @@ pub(super) struct Scripts {
     pub reserve: Script,
     pub mark: Script,
     pub release: Script,
-    pub unclaim: Script,
+    pub settle: Script,
     pub load_begin: Script,
     pub load_fill: Script,
     pub load_open: Script,
@@ -60,13 +60,13 @@ pub(super) struct Scripts {
 
 impl Scripts {
     pub fn new() -> Self {
-        let [reserve, mark, release, unclaim, load_begin, load_fill, load_open, raise, snapshot, counts, adjust] =
+        let [reserve, mark, release, settle, load_begin, load_fill, load_open, raise, snapshot, counts, adjust] =
             SCRIPT_SOURCES.map(|s| Script::new(s.source));
         Self {
             reserve,
             mark,
             release,
-            unclaim,
+            settle,
             load_begin,
             load_fill,
             load_open,
@@ -84,7 +84,7 @@ impl Scripts {
             reserve,
             mark,
             release,
-            unclaim,
+            settle,
             load_begin,
             load_fill,
             load_open,
@@ -94,7 +94,7 @@ impl Scripts {
             adjust,
         } = self;
         [
-            reserve, mark, release, unclaim, load_begin, load_fill, load_open, raise, snapshot,
+            reserve, mark, release, settle, load_begin, load_fill, load_open, raise, snapshot,
             counts, adjust,
         ]
     }
