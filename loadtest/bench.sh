@@ -3,6 +3,7 @@
 # writes reports/bench/REPORT.md with its plots. Takes a few minutes.
 #   STEP_SECS=3 SALE_RATES=5000,10000,20000 ./loadtest/bench.sh
 #   BENCH_ONLY=rate-limits ./loadtest/bench.sh   # only the edge's rate limits' and access log's cost: RATE-LIMITS.md
+#   BENCH_ONLY=accept ACCEPT_RATES=2000,4000,8000 ./loadtest/bench.sh   # only accepting at a core, CPU per process: ACCEPT.md
 . "$(dirname "$0")/../scripts/lib.sh"
 cd "$ROOT"
 
@@ -18,8 +19,8 @@ command -v wrk >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq
 command -v redis-benchmark >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq redis-tools >/dev/null; }
 cargo build --release -p voucher-bench
 mkdir -p "$OUT"
-if [[ ${BENCH_ONLY:-} == rate-limits ]]; then
-  DATABASE_URL="$VOUCHER__DATABASE__URL" "$TARGET_DIR"/release/voucher-bench rate-limits "$OUT"
+if [[ ${BENCH_ONLY:-} == rate-limits || ${BENCH_ONLY:-} == accept ]]; then
+  DATABASE_URL="$VOUCHER__DATABASE__URL" "$TARGET_DIR"/release/voucher-bench "$BENCH_ONLY" "$OUT"
   exit
 fi
 DATABASE_URL="$VOUCHER__DATABASE__URL" "$TARGET_DIR"/release/voucher-bench "$OUT"

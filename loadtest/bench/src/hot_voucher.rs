@@ -9,6 +9,12 @@ use crate::load;
 use crate::report::write_steps;
 use crate::run::Run;
 
+/// Customer and order tags, one per step of a ladder.
+const STEP_TAGS: [&str; 16] = [
+    "s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "s9", "s10", "s11", "s12", "s13", "s14",
+    "s15",
+];
+
 impl Run {
     /// `decision` is the cores' `flash.decision`, to name what a flash use waits for.
     pub async fn hot_voucher(
@@ -27,7 +33,10 @@ impl Run {
             let steps = climb(rates, |rate| {
                 let (code, accepted) = (code.clone(), &accepted);
                 async move {
-                    let tag = if rate % 2 == 0 { "a" } else { "b" };
+                    // A tag of the step's own: a tag used again would send retries of
+                    // the orders of an earlier step, and count their replays as accepts.
+                    let index = rates.iter().position(|r| *r == rate).unwrap_or(0);
+                    let tag = STEP_TAGS[index % STEP_TAGS.len()];
                     let outcome =
                         load::run(reserve_plan(core, rate, step, &code, tag, SALE_CONNECTIONS))
                             .await?;

@@ -86,7 +86,9 @@ impl Outcome {
         self.samples.iter().filter(|s| keep(s)).count() as u64
     }
 
-    /// Kept up: the load was offered (few late starts, rate achieved) and answered.
+    /// Kept up: the load was offered (few late starts, rate achieved) and answered, and
+    /// answered with something else than "come back later" (at most 0.1% 503s: a 503 is
+    /// not an answer the ladders count as achieved).
     pub fn sustained(&self, p99_limit_ms: f64) -> bool {
         // The rate was offered: answers kept pace with the plan, not just eventually came.
         let offered_ok =
@@ -95,7 +97,8 @@ impl Outcome {
         let p99_ok = self
             .percentile(99.0, |s| s.status != 0)
             .is_some_and(|p| p < p99_limit_ms);
-        offered_ok && late_ok && p99_ok && self.errors() == 0
+        let unavailable_ok = self.count(|s| s.status == 503) * 1000 <= self.completed();
+        offered_ok && late_ok && p99_ok && unavailable_ok && self.errors() == 0
     }
 }
 

@@ -5,14 +5,18 @@
 //!   voucher-bench [OUT]              the benchmark (OUT: reports/bench)
 //!   voucher-bench bare-409 ADDR      the bare 409 server it compares the edge with
 //!   voucher-bench rate-limits [OUT]  only what the edge's rate limits and access log cost (RATE-LIMITS.md)
+//!   voucher-bench accept [OUT]       only the accepting ladder at a core, with the CPU of every
+//!                                    process per accept (ACCEPT.md)
 //!   voucher-bench big-voucher [OUT]  a flash voucher of a million uses: sale, reload,
 //!                                    reconciliation, Redis's slow log (`loadtest/big-voucher.sh`)
 //!
 //! This file only reads the arguments and calls the benchmarks; every setting is a flag
 //! that falls back on the environment variable the scripts set (`--help` lists them).
 
+mod accept;
 mod bare;
 mod big;
+mod cpu;
 mod flash_sale;
 mod gate_vs_redis;
 mod hot_voucher;
@@ -67,6 +71,12 @@ enum Command {
     },
     /// A flash voucher of a million uses: sale, reload, reconciliation, Redis's slow log.
     BigVoucher(BigArgs),
+    /// Only the accepting ladder of a flash voucher at a core, with the CPU every process
+    /// spends per accept (ACCEPT.md).
+    Accept {
+        #[arg(default_value = "reports/bench")]
+        out: PathBuf,
+    },
 }
 
 /// Where the stack under test is, as `loadtest/bench.sh` names it.
@@ -205,6 +215,11 @@ async fn main() -> anyhow::Result<()> {
             report::write_rate_limits(&run)
         }
         Some(Command::BigVoucher(args)) => big::run(&cli.stack, &args).await,
+        Some(Command::Accept { out }) => {
+            let step = Duration::from_secs(cli.bench.step_secs);
+            let mut run = Run::connect(out, &cli.stack).await?;
+            run.accept_breakdown(&cli.bench.accept_rates.0, step).await
+        }
         None => bench(cli.out, &cli.stack, &cli.bench).await,
     }
 }

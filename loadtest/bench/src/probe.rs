@@ -82,6 +82,45 @@ impl Stack {
         Ok(())
     }
 
+    /// Asks a core to rebuild a flash voucher's gate from PostgreSQL (the admin reload),
+    /// and waits until the gate holds PostgreSQL's count: for uses written behind the
+    /// gate's back by the benchmark itself.
+    pub async fn reload_gate(&self, code: &str) -> anyhow::Result<()> {
+        let resp = self
+            .http
+            .post(format!("http://{}/vouchers/{code}/gate/reload", self.core))
+            .bearer_auth(&self.token)
+            .send()
+            .await?;
+        anyhow::ensure!(
+            resp.status().as_u16() == 202,
+            "reloading {code}: {}",
+            resp.status()
+        );
+        let gate =
+            voucher_core::flash::gate::Gate::connect(&self.redis_settings(&self.gate_prefix))
+                .await?;
+        let parsed =
+            voucher_core::domain::VoucherCode::parse(code).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let (_, used) = self.recorded(code).await?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let limit: i64 =
+                sqlx::query_scalar("SELECT total_limit::int8 FROM vouchers WHERE code = $1")
+                    .bind(code)
+                    .fetch_one(&self.db)
+                    .await?;
+            if gate.remaining(&parsed).await? == Some(limit - i64::from(used)) {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "the gate of {code} did not reload within 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Sum of a counter over the cores, for the samples carrying every label of `labels`.
     pub async fn core_counter(&self, name: &str, labels: &[(&str, &str)]) -> anyhow::Result<f64> {
         let mut total = 0.0;
