@@ -12,6 +12,7 @@ ensure_build_tools
 ensure_postgres
 ensure_redis
 ensure_tansu
+ensure_faketime   # the clock-behind fault's libfaketime: without it that round skews nothing
 log "building voucher-core, voucher-edge and voucher-campaign (release)"
 cargo build --release -p voucher-core -p voucher-edge -p voucher-campaign
 OUT=${OUT:-reports/campaign}

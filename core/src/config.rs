@@ -227,8 +227,12 @@ pub struct KafkaSettings {
     /// How long the producer keeps trying one event; past it the send fails as ambiguous.
     #[serde(with = "humantime_serde")]
     pub message_timeout: Duration,
-    /// Run the consumer that writes events into PostgreSQL in this instance.
-    pub consume: bool,
+    /// Run the writers that write events into PostgreSQL in this instance. Unset: only
+    /// with the broker deciding (`flash.decision = "broker"`); with PostgreSQL deciding
+    /// every event's row was committed before its 201, and writing it again is all they
+    /// would do. Set it to `true` on a core of a fleet moving from `broker` to `database`
+    /// until the events published before the move are written (lag 0).
+    pub consume: Option<bool>,
     /// Events written per database transaction, at most.
     pub batch_max: usize,
     /// How long the consumer waits to fill a batch once it has one event.
@@ -264,7 +268,7 @@ impl Default for KafkaSettings {
             min_insync_replicas: 2,
             properties: KafkaProperties::default(),
             message_timeout: Duration::from_secs(5),
-            consume: true,
+            consume: None,
             batch_max: 500,
             batch_wait: Duration::from_millis(20),
             takeover_interval: Duration::from_secs(1),

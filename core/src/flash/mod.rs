@@ -64,7 +64,7 @@ pub struct Flash {
 
 /// The background jobs of flash mode; [`FlashJobs::spawn`] runs them until shutdown.
 pub struct FlashJobs {
-    /// The writers (absent with `kafka.consume = false`).
+    /// The writers (absent unless [`runs_writers`]).
     consumer: Option<EventConsumer>,
     monitor: ConsumerMonitor,
     /// Absent with `flash.reconcile_enabled = false`.
@@ -113,7 +113,7 @@ pub async fn start(
         path.consumer_health().clone(),
         kafka.monitor_interval,
     );
-    let consumer = if kafka.consume {
+    let consumer = if runs_writers(kafka, settings.flash.decision) {
         Some(
             EventConsumer::new(kafka, store.clone(), metrics.clone())?
                 .settling(path.gate().clone()),
@@ -133,6 +133,13 @@ pub async fn start(
             reconciler,
         },
     }))
+}
+
+/// Whether this instance runs the event writers: as `kafka.consume` says, and when unset,
+/// only with the broker deciding (with PostgreSQL deciding, the rows are there before the
+/// events: the writers would only write them again).
+pub fn runs_writers(kafka: &KafkaSettings, decision: Decision) -> bool {
+    kafka.consume.unwrap_or(decision == Decision::Broker)
 }
 
 #[derive(Clone)]

@@ -189,15 +189,14 @@ impl Worker {
     /// The records of orders now committed move P -> A in the gate, one call per voucher,
     /// off the answers' path. Best effort: a record left in P whose row exists is settled
     /// by reconciliation, and is never given back meanwhile.
-    fn settle(&self, stored: BTreeMap<VoucherCode, Vec<String>>) {
+    fn settle(&self, stored: BTreeMap<VoucherCode, Vec<Reservation>>) {
         if stored.is_empty() {
             return;
         }
         let gate = self.gate.clone();
         tokio::spawn(async move {
-            for (code, orders) in stored {
-                let orders: Vec<&str> = orders.iter().map(String::as_str).collect();
-                if let Err(e) = gate.settle_committed(&code, &orders).await {
+            for (code, committed) in stored {
+                if let Err(e) = gate.settle_committed(&code, &committed).await {
                     tracing::debug!(error = %e.chain(), %code, "committed orders not settled in the gate; reconciliation will");
                 }
             }
@@ -205,18 +204,18 @@ impl Worker {
     }
 }
 
-/// The orders of a batch whose rows this batch committed, by voucher.
+/// The reservations of a batch whose rows this batch committed, by voucher.
 fn committed_by_voucher(
     batch: &[Reservation],
     outcomes: &[Result<Recorded>],
-) -> BTreeMap<VoucherCode, Vec<String>> {
-    let mut stored: BTreeMap<VoucherCode, Vec<String>> = BTreeMap::new();
+) -> BTreeMap<VoucherCode, Vec<Reservation>> {
+    let mut stored: BTreeMap<VoucherCode, Vec<Reservation>> = BTreeMap::new();
     for (r, outcome) in batch.iter().zip(outcomes) {
         if matches!(outcome, Ok(Recorded::Stored)) {
             stored
                 .entry(r.voucher_code.clone())
                 .or_default()
-                .push(r.order_id.to_string());
+                .push(r.clone());
         }
     }
     stored

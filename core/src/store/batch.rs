@@ -42,6 +42,7 @@ impl super::Store {
         DecidedWriter {
             store: self.clone(),
             conn: None,
+            last_used: std::time::Instant::now(),
         }
     }
 }
@@ -52,7 +53,23 @@ impl super::Store {
 pub struct DecidedWriter {
     store: super::Store,
     conn: Option<PoolConnection<Postgres>>,
+    /// When the kept connection last finished a batch.
+    last_used: std::time::Instant,
 }
+
+/// A kept connection idle longer than this goes back to the pool before the next batch,
+/// and the pool's test (acquire's ping, bounded by its timeout) vets the one taken then:
+/// under load batches follow each other and nothing is tested; after a lull, a connection
+/// that a restart, a failover or a middlebox dropped meanwhile is found before a batch is
+/// sent on it.
+const KEEP_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The longest a batch may take on the kept connection before its outcome counts as
+/// unknown and the connection is dropped: a connection whose peer vanished without a reset
+/// would otherwise hold every reservation of the core for TCP's retransmission timeout.
+/// Well above what a healthy batch takes, and above the 5 s a stuck session may hold a
+/// voucher's row (`database.idle_in_transaction_timeout`).
+const BATCH_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl DecidedWriter {
     pub async fn record(
@@ -60,6 +77,10 @@ impl DecidedWriter {
         batch: &[Reservation],
         generations: &[i64],
     ) -> Result<Recording> {
+        if self.last_used.elapsed() > KEEP_IDLE {
+            // Handed back (not closed): the pool tests it before anyone uses it again.
+            self.conn = None;
+        }
         let conn = match &mut self.conn {
             Some(conn) => conn,
             // No connection, nothing sent: certainly not written, which the caller may act
@@ -69,13 +90,21 @@ impl DecidedWriter {
                 Err(e) => return Ok(Recording::NotSent(e.into())),
             },
         };
-        let recorded = record_reserved(conn, batch, generations, None).await;
+        let writing = record_reserved(conn, batch, generations, None);
+        let recorded = match tokio::time::timeout(BATCH_DEADLINE, writing).await {
+            Ok(recorded) => recorded,
+            Err(_) => Err(crate::Error::unavailable(
+                "database (batch past its deadline)",
+            )),
+        };
         if recorded.is_err() {
             if let Some(conn) = self.conn.take() {
-                // Closed, not handed back: it may be broken, or inside a failed transaction.
-                let _ = conn.close().await;
+                // Closed, not handed back: it may be broken, or inside a failed
+                // transaction. Closing a dead one is bounded too.
+                let _ = tokio::time::timeout(BATCH_DEADLINE, conn.close()).await;
             }
         }
+        self.last_used = std::time::Instant::now();
         recorded.map(Recording::Done)
     }
 }
@@ -326,12 +355,30 @@ async fn record_single(
     generation: i64,
 ) -> Result<Single> {
     let mut tx = conn.begin().await?;
+    let single = write_single(&mut tx, r, generation).await?;
+    // Ended here, either way: a transaction merely dropped leaves its ROLLBACK in the
+    // connection's write buffer, and a connection kept between batches (the recorder's)
+    // would sit in it, holding its locks, until its next statement.
+    match single {
+        Single::Inserted => tx.commit().await?,
+        _ => tx.rollback().await?,
+    }
+    Ok(single)
+}
+
+/// The writes of [`record_single`] inside its transaction; anything but `Inserted` is
+/// rolled back by the caller.
+async fn write_single(
+    tx: &mut sqlx::Transaction<'_, Postgres>,
+    r: &Reservation,
+    generation: i64,
+) -> Result<Single> {
     if generation != 0 {
         let latest: Option<i64> = sqlx::query_scalar(
             "SELECT generation FROM gate_generations WHERE voucher_code = $1 FOR SHARE",
         )
         .bind(r.voucher_code.as_str())
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&mut **tx)
         .await?;
         if latest != Some(generation) {
             return Ok(Single::Stale);
@@ -350,7 +397,7 @@ async fn record_single(
     .bind(r.discount_amount.minor_units())
     .bind(r.reserved_at)
     .bind(r.expires_at)
-    .execute(&mut *tx)
+    .execute(&mut **tx)
     .await;
     let inserted = match insert {
         Ok(done) => done.rows_affected() == 1,
@@ -367,13 +414,12 @@ async fn record_single(
     // The conditional updates say "no" instead of raising; the reason is the constraint
     // that would have refused the same write.
     let (code, customer) = (r.voucher_code.as_str(), r.customer_id.as_str());
-    if !take_customer_use(&mut tx, code, customer).await? {
+    if !take_customer_use(&mut **tx, code, customer).await? {
         return Ok(Single::Refused("customer_usage_within_limit".into()));
     }
-    if !take_voucher_use(&mut tx, code).await? {
+    if !take_voucher_use(&mut **tx, code).await? {
         return Ok(Single::Refused("vouchers_used_within_limit".into()));
     }
-    tx.commit().await?;
     Ok(Single::Inserted)
 }
 
@@ -397,10 +443,13 @@ pub(super) async fn by_index(conn: &mut PgConnection) -> Result<(), sqlx::Error>
 }
 
 /// Inserts every row whose orderId is new and adds their uses to each customer's and each
-/// voucher's count, in one statement; returns the orderIds inserted. PostgreSQL orders the
-/// statement's row locks itself: a batch spanning several vouchers can deadlock with
-/// another writer's, and one of the two then fails (40P01, a 503 for the recorder's
-/// clients, whose retries record again; a writer retries its batch).
+/// voucher's count, in one statement; returns the orderIds inserted. Rows go in in
+/// orderId order, so two batches that share orderIds (one orderId sent to two vouchers,
+/// through two cores) wait on each other's index entries in the same order instead of
+/// deadlocking. PostgreSQL orders the voucher rows' locks itself: a batch spanning several
+/// vouchers can still deadlock with another writer's, and one of the two then fails
+/// (40P01, a 503 for the recorder's clients, whose retries record again; a writer retries
+/// its batch).
 ///
 /// The fence (see [`super::Store::record_decided`]) is in the same statement: the
 /// `gate_generations` rows of the fenced vouchers are share-locked and read (a rebuild
@@ -432,6 +481,7 @@ async fn insert_and_count(
              INSERT INTO redemptions (voucher_code, customer_id, order_id, order_amount,
                                       discount_amount, reserved_at, expires_at)
              SELECT * FROM input
+             ORDER BY order_id
              ON CONFLICT (order_id) DO NOTHING
              RETURNING voucher_code, customer_id, order_id
          ),

@@ -28,7 +28,11 @@ async fn owned_by(app: &crate::helpers::TestApp) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_writer_hands_its_partitions_over_and_every_201_gets_its_row() {
-    let mut stack = FlashStack::builder().cores(2).start().await;
+    // The broker deciding: the writers are what puts the rows in PostgreSQL.
+    let mut stack = FlashStack::builder()
+        .cores(2)
+        .start_with(|s| s.flash.decision = Decision::Broker)
+        .await;
     stack
         .app()
         .given_voucher(flash_voucher("KILL", 150, 1))
@@ -97,7 +101,7 @@ async fn a_stalled_writer_loses_its_partitions_after_the_owner_timeout() {
         .start_with(|s| {
             s.flash.decision = Decision::Broker;
             if let Some(k) = s.kafka.as_mut() {
-                k.consume = false;
+                k.consume = Some(false);
             }
         })
         .await;

@@ -37,7 +37,7 @@ impl Stack {
                 brokers: args.kafka_brokers.clone(),
                 topic: args.kafka_topic.clone(),
                 group: args.kafka_group.clone(),
-                consume: false,
+                consume: Some(false),
                 ..Default::default()
             },
         })

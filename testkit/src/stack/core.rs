@@ -198,7 +198,9 @@ fn core_env(settings: &Settings) -> Vec<(String, String)> {
         env.push(("KAFKA__BROKERS".into(), kafka.brokers.clone()));
         env.push(("KAFKA__TOPIC".into(), kafka.topic.clone()));
         env.push(("KAFKA__GROUP".into(), kafka.group.clone()));
-        env.push(("KAFKA__CONSUME".into(), kafka.consume.to_string()));
+        if let Some(consume) = kafka.consume {
+            env.push(("KAFKA__CONSUME".into(), consume.to_string()));
+        }
         env.push(("KAFKA__MESSAGE_TIMEOUT".into(), ms(kafka.message_timeout)));
         env.push((
             "KAFKA__REPLICATION_FACTOR".into(),

@@ -4,7 +4,7 @@
 //! Scripts: `lua/reserve/`.
 
 use super::{redis_down, Gate, Generation, OrderRecord, RecordState};
-use crate::domain::{Ineligibility, OrderId, ReservationRequest, VoucherCode};
+use crate::domain::{Ineligibility, OrderId, Reservation, ReservationRequest, VoucherCode};
 use crate::{Error, Result};
 
 /// What the reserve script decided.
@@ -166,18 +166,26 @@ impl Gate {
             .and_then(RecordState::from_letter))
     }
 
-    /// Moves every order of `orders` (of voucher `code`, committed in PostgreSQL by one
-    /// batch) from P to A and out of the unsettled set, in one call (`settle.lua`).
-    /// Returns how many moved: a record confirmed or released meanwhile stays as it is.
-    pub async fn settle_committed(&self, code: &VoucherCode, orders: &[&str]) -> Result<i64> {
-        if orders.is_empty() {
+    /// Moves the records of `committed` (reservations of voucher `code` whose rows one
+    /// batch committed) from P to A and out of the unsettled set, in one call
+    /// (`settle.lua`). Only the very record that was committed moves (same customer, same
+    /// reservation time); returns how many moved.
+    pub async fn settle_committed(
+        &self,
+        code: &VoucherCode,
+        committed: &[Reservation],
+    ) -> Result<i64> {
+        if committed.is_empty() {
             return Ok(0);
         }
         let k = self.keys(code);
         let mut invocation = self.scripts.settle.prepare_invoke();
         invocation.key(&k.orders).key(&k.unsettled);
-        for order in orders {
-            invocation.arg(*order);
+        for r in committed {
+            invocation
+                .arg(r.order_id.as_str())
+                .arg(r.customer_id.as_str())
+                .arg(r.reserved_at.timestamp_millis());
         }
         invocation
             .invoke_async(&mut self.conn.clone())
