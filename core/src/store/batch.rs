@@ -414,10 +414,10 @@ async fn write_single(
     // The conditional updates say "no" instead of raising; the reason is the constraint
     // that would have refused the same write.
     let (code, customer) = (r.voucher_code.as_str(), r.customer_id.as_str());
-    if !take_customer_use(&mut **tx, code, customer).await? {
+    if !take_customer_use(tx, code, customer).await? {
         return Ok(Single::Refused("customer_usage_within_limit".into()));
     }
-    if !take_voucher_use(&mut **tx, code).await? {
+    if !take_voucher_use(tx, code).await? {
         return Ok(Single::Refused("vouchers_used_within_limit".into()));
     }
     Ok(Single::Inserted)
