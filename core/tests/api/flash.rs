@@ -623,6 +623,56 @@ async fn claims(prefix: &str) -> Vec<String> {
         .expect("keys")
 }
 
+/// A reservation of `order` sent while another session holds voucher `code`'s row (as a
+/// slow disk, a long transaction or a core paused after sending its statement would):
+/// returns once the recorder's statement waits on that lock, with the blocking session (in
+/// its open transaction: `COMMIT` lets the row go) and the request under way.
+pub(crate) async fn reservation_held_on_its_row(
+    env: &FlashStack,
+    code: &str,
+    customer: &str,
+    order: &str,
+) -> (
+    sqlx::PgConnection,
+    tokio::task::JoinHandle<voucher_testkit::sale::Attempt>,
+) {
+    use sqlx::Connection;
+
+    let mut blocker = sqlx::PgConnection::connect(&env.db.url)
+        .await
+        .expect("connection");
+    sqlx::query("BEGIN")
+        .execute(&mut blocker)
+        .await
+        .expect("begin");
+    sqlx::query("SELECT 1 FROM vouchers WHERE code = $1 FOR UPDATE")
+        .bind(code)
+        .execute(&mut blocker)
+        .await
+        .expect("row locked");
+    let held = tokio::spawn({
+        let api = voucher_testkit::helpers::ApiClient::new(env.app().api.base.clone());
+        let (code, customer, order) = (code.to_owned(), customer.to_owned(), order.to_owned());
+        async move { api.attempt(&code, &customer, &order, 100_000).await }
+    });
+    eventually(
+        Duration::from_secs(10),
+        "the recorder to wait on the row",
+        || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                 AND datname = current_database()",
+            )
+            .fetch_one(&env.pool)
+            .await
+            .ok()?;
+            (waiting > 0).then_some(())
+        },
+    )
+    .await;
+    (blocker, held)
+}
+
 /// The writers run in the stack's core whoever decides (`kafka.consume = true`).
 fn with_writers(s: &mut voucher_core::config::Settings) {
     if let Some(k) = s.kafka.as_mut() {
@@ -917,8 +967,6 @@ async fn with_the_gate_gone_order_lists_come_from_postgresql() {
 /// use is held for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_commit_held_up_across_a_gate_rebuild_is_in_the_new_gate() {
-    use sqlx::Connection;
-
     let env = FlashStack::builder()
         .start_with(|s| s.flash.decision = Decision::Database)
         .await;
@@ -933,36 +981,7 @@ async fn a_commit_held_up_across_a_gate_rebuild_is_in_the_new_gate() {
     .await;
 
     // Hold the voucher's row: the recorder's transaction waits on it.
-    let mut blocker = sqlx::PgConnection::connect(&env.db.url)
-        .await
-        .expect("connection");
-    sqlx::query("BEGIN")
-        .execute(&mut blocker)
-        .await
-        .expect("begin");
-    sqlx::query("SELECT 1 FROM vouchers WHERE code = 'HELD' FOR UPDATE")
-        .execute(&mut blocker)
-        .await
-        .expect("row locked");
-    let held = tokio::spawn({
-        let api = voucher_testkit::helpers::ApiClient::new(app.api.base.clone());
-        async move { api.attempt("HELD", "holder", "held-1", 100_000).await }
-    });
-    eventually(
-        Duration::from_secs(10),
-        "the recorder to wait on the row",
-        || async {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-             AND datname = current_database()",
-            )
-            .fetch_one(&env.pool)
-            .await
-            .ok()?;
-            (waiting > 0).then_some(())
-        },
-    )
-    .await;
+    let (mut blocker, held) = reservation_held_on_its_row(&env, "HELD", "holder", "held-1").await;
 
     // The gate is lost and rebuilt meanwhile (an operator's reload, or Redis forgetting).
     env.gate.unload(&code).await.expect("keys deleted");

@@ -17,7 +17,7 @@ use voucher_core::store::Store;
 use voucher_testkit::assert::assert_error;
 use voucher_testkit::wait::eventually;
 
-use crate::flash::{done, reconciler, uses_appear};
+use crate::flash::{done, reconciler, reservation_held_on_its_row, uses_appear};
 use crate::invariants::Accepted;
 use crate::sale::Sale;
 use crate::stack::{flash_voucher, save_gate, FlashStack};
@@ -306,8 +306,6 @@ async fn rounds_until_in_step(env: &FlashStack, rounds: usize) -> Vec<VoucherRep
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_commit_that_lands_after_reconciliation_forgot_its_use_is_counted_and_its_release_given_back(
 ) {
-    use sqlx::Connection;
-
     let env = FlashStack::builder()
         .start_with(|s| {
             s.flash.decision = Decision::Database;
@@ -326,36 +324,7 @@ async fn a_commit_that_lands_after_reconciliation_forgot_its_use_is_counted_and_
 
     // The voucher's row held: the recorder's statement is sent and waits on it, as the
     // statement of a core paused right after sending it would be.
-    let mut blocker = sqlx::PgConnection::connect(&env.db.url)
-        .await
-        .expect("connection");
-    sqlx::query("BEGIN")
-        .execute(&mut blocker)
-        .await
-        .expect("begin");
-    sqlx::query("SELECT 1 FROM vouchers WHERE code = 'LATE' FOR UPDATE")
-        .execute(&mut blocker)
-        .await
-        .expect("row locked");
-    let held = tokio::spawn({
-        let api = voucher_testkit::helpers::ApiClient::new(app.api.base.clone());
-        async move { api.attempt("LATE", "late", "late-1", 100_000).await }
-    });
-    eventually(
-        Duration::from_secs(10),
-        "the recorder to wait on the row",
-        || async {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-                 AND datname = current_database()",
-            )
-            .fetch_one(&env.pool)
-            .await
-            .ok()?;
-            (waiting > 0).then_some(())
-        },
-    )
-    .await;
+    let (mut blocker, held) = reservation_held_on_its_row(&env, "LATE", "late", "late-1").await;
 
     // Past the grace with no row: reconciliation gives the pending use back.
     tokio::time::sleep(Duration::from_millis(1500)).await;

@@ -189,6 +189,11 @@ async fn every_dashboard_panel_returns_series_after_a_short_k6_sale() {
         // Reconciliation exports the gate's remaining uses and the drift: run it often.
         s.flash.reconcile_enabled = true;
         s.flash.reconcile_interval = Duration::from_millis(500);
+        // The writers' panels need writers: with PostgreSQL deciding they run only when
+        // asked for (a fleet moving from the broker deciding, or a broker-deciding one).
+        if let Some(k) = s.kafka.as_mut() {
+            k.consume = Some(true);
+        }
     })
     .await;
     let edge_metrics = stack
