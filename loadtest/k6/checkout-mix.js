@@ -34,7 +34,7 @@ export const options = {
     voucher_unavailable: [`rate<=${MAX_503_SHARE}`],
     checks: ['rate>0.999'],
     'http_req_duration{name:reserve}': [`p(99)<${P99_MS}`],
-    // Flash confirm and release may wait for the consumer to write the row.
+    // With the broker deciding, flash confirm and release may wait for the writer's row.
     'http_req_duration{name:confirm}': [`p(99)<${2 * P99_MS}`],
     'http_req_duration{name:release}': [`p(99)<${2 * P99_MS}`],
   },
@@ -59,8 +59,9 @@ export default function (data) {
     check(again, { 'a retry gets the same reservation': (r) => r.status === 201 && r.json('orderId') === order });
   }
   const url = `${BASE_URL}/vouchers/${data.code}/reservations/${order}`;
-  // Flash reservations reach PostgreSQL through the consumer; the core waits for it, and
-  // answers 503 if it takes too long: retry then, after its Retry-After, as a checkout would.
+  // With the broker deciding, flash reservations reach PostgreSQL through the writers; the
+  // core waits for the row, and answers 503 if it takes too long: retry then, after its
+  // Retry-After, as a checkout would. (With PostgreSQL deciding the row is there already.)
   const confirm = Math.random() < CONFIRM_RATIO;
   const res = withRetries(() =>
     confirm
