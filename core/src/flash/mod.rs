@@ -52,7 +52,7 @@ use events::progress::Progress;
 use events::publisher::Publisher;
 use gate::Gate;
 use reconcile::Reconciler;
-use recorder::{Grouping, Recorder};
+use recorder::Recorder;
 
 pub use rebuild::Rebuild;
 
@@ -173,17 +173,8 @@ impl FlashPath {
         metrics: Arc<Metrics>,
         settings: FlashSettings,
     ) -> anyhow::Result<Self> {
-        let recorder = (settings.decision == Decision::Database).then(|| {
-            Recorder::start(
-                store.clone(),
-                gate.clone(),
-                Grouping {
-                    workers: settings.record_workers,
-                    batch_max: settings.record_batch_max,
-                    linger: settings.record_linger,
-                },
-            )
-        });
+        let recorder = (settings.decision == Decision::Database)
+            .then(|| Recorder::start(store.clone(), gate.clone(), &settings));
         Ok(Self {
             inner: Arc::new(Inner {
                 gate,

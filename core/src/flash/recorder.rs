@@ -17,6 +17,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, Mutex};
 
 use super::gate::{Gate, Generation};
+use crate::config::FlashSettings;
 use crate::domain::{Reservation, VoucherCode};
 use crate::error::Error;
 use crate::store::{Recording, Store};
@@ -52,20 +53,14 @@ pub struct Recorder {
     queue: mpsc::Sender<Job>,
 }
 
-/// How the recorder groups its batches (`flash.record_*`).
-#[derive(Debug, Clone, Copy)]
-pub struct Grouping {
-    pub workers: usize,
-    pub batch_max: usize,
-    pub linger: Duration,
-}
-
 impl Recorder {
     /// Starts the recording tasks on `store`, settling committed orders in `gate`; they end
     /// when every `Recorder` clone is dropped.
-    pub fn start(store: Store, gate: Gate, grouping: Grouping) -> Self {
-        let workers = grouping.workers.max(1);
-        let batch_max = grouping.batch_max.max(1);
+    /// Batches are grouped by `flash.record_workers`, `record_batch_max` and
+    /// `record_linger`.
+    pub fn start(store: Store, gate: Gate, settings: &FlashSettings) -> Self {
+        let workers = settings.record_workers.max(1);
+        let batch_max = settings.record_batch_max.max(1);
         let (queue, jobs) = mpsc::channel(batch_max * workers * 4);
         let jobs = Arc::new(Mutex::new(jobs));
         for _ in 0..workers {
@@ -74,7 +69,7 @@ impl Recorder {
                 gate: gate.clone(),
                 jobs: jobs.clone(),
                 batch_max,
-                linger: grouping.linger,
+                linger: settings.record_linger,
             };
             tokio::spawn(worker.run());
         }
@@ -157,11 +152,14 @@ impl Worker {
                         .collect()
                 }
             };
-            let stored = committed_by_voucher(&reservations, &outcomes);
+            let committed: Vec<bool> = outcomes
+                .iter()
+                .map(|o| matches!(o, Ok(Recorded::Stored)))
+                .collect();
             for (answer, outcome) in answers.into_iter().zip(outcomes) {
                 let _ = answer.send(outcome);
             }
-            self.settle(stored);
+            self.settle(committed_by_voucher(reservations, &committed));
         }
     }
 
@@ -204,19 +202,15 @@ impl Worker {
     }
 }
 
-/// The reservations of a batch whose rows this batch committed, by voucher.
+/// The reservations of a batch whose rows this batch committed (`committed[i]`), by
+/// voucher; the batch is no longer needed once answered, so nothing is copied.
 fn committed_by_voucher(
-    batch: &[Reservation],
-    outcomes: &[Result<Recorded>],
+    batch: Vec<Reservation>,
+    committed: &[bool],
 ) -> BTreeMap<VoucherCode, Vec<Reservation>> {
     let mut stored: BTreeMap<VoucherCode, Vec<Reservation>> = BTreeMap::new();
-    for (r, outcome) in batch.iter().zip(outcomes) {
-        if matches!(outcome, Ok(Recorded::Stored)) {
-            stored
-                .entry(r.voucher_code.clone())
-                .or_default()
-                .push(r.clone());
-        }
+    for (r, _) in batch.into_iter().zip(committed).filter(|(_, c)| **c) {
+        stored.entry(r.voucher_code.clone()).or_default().push(r);
     }
     stored
 }

@@ -248,8 +248,9 @@ impl FlashPath {
     /// goes back at once (503).
     ///
     /// Recorded, the client gets its reservation, the record moves P -> A with its batch,
-    /// and the event is published afterwards. Found recorded already (an earlier attempt's row, which the
-    /// gate had lost), the row is the answer and the record is brought in step with it.
+    /// and the event is published afterwards. Found recorded already (an earlier attempt's
+    /// row, which the gate had lost), the row is the answer and the record is brought in
+    /// step with it.
     async fn decided_by_database(
         &self,
         voucher: &Arc<Voucher>,
