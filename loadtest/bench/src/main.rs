@@ -128,6 +128,13 @@ pub struct StackArgs {
     /// The writers' consumer group.
     #[arg(long, env = "KAFKA_GROUP", default_value = "voucher-writer")]
     pub kafka_group: String,
+    /// The cores' `flash.decision`, as bench.sh passed it to them.
+    #[arg(long, env = "VOUCHER__FLASH__DECISION", default_value = "database")]
+    pub decision: String,
+    /// The cores' `kafka.consume`, as bench.sh passed it to them (unset: writers run only
+    /// with the broker deciding).
+    #[arg(long, env = "VOUCHER__KAFKA__CONSUME")]
+    pub consume: Option<bool>,
 }
 
 /// The benchmark's own settings (the run without a command).
@@ -158,9 +165,6 @@ struct BenchArgs {
         default_value = "250,500,1000,1500,2000,3000,4000"
     )]
     accept_rates: Rates,
-    /// The cores' `flash.decision`, as bench.sh passed it to them: only named in the report.
-    #[arg(long, env = "VOUCHER__FLASH__DECISION", default_value = "database")]
-    decision: String,
     /// Calls of the gate's reserve script per state, by our client and by redis-benchmark.
     #[arg(long, env = "GATE_REQUESTS", default_value_t = 200_000)]
     gate_requests: u64,
@@ -232,12 +236,12 @@ async fn bench(out: PathBuf, stack: &StackArgs, args: &BenchArgs) -> anyhow::Res
     run.reject_path(&args.reject_rates.0, step).await?;
     run.rate_limit_cost().await?;
     run.access_log_cost().await?;
-    run.hot_voucher(&args.accept_rates.0, step, &args.decision)
+    run.hot_voucher(&args.accept_rates.0, step, &stack.decision)
         .await?;
     run.gate_vs_redis_benchmark(args.gate_requests).await?;
     run.peak_memory();
     run.invariants().await?;
-    report::write_report(&run, &args.decision, step)
+    report::write_report(&run, &stack.decision, step)
 }
 
 #[cfg(test)]

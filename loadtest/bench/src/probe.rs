@@ -19,6 +19,9 @@ pub struct Stack {
     pub gate_prefix: String,
     /// The writers' broker, topic and group (to wait for them; never consuming).
     pub kafka: voucher_core::config::KafkaSettings,
+    /// Whether the cores run the writers (`flash::runs_writers` of their settings): with
+    /// PostgreSQL deciding they do not, and nothing waits for them.
+    pub writers_run: bool,
 }
 
 impl Stack {
@@ -40,6 +43,7 @@ impl Stack {
                 consume: Some(false),
                 ..Default::default()
             },
+            writers_run: args.consume.unwrap_or(args.decision == "broker"),
         })
     }
 
