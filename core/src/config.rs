@@ -227,6 +227,12 @@ pub struct KafkaSettings {
     /// How long the producer keeps trying one event; past it the send fails as ambiguous.
     #[serde(with = "humantime_serde")]
     pub message_timeout: Duration,
+    /// How long the producer waits to group events into one request (`linger.ms`). Unset:
+    /// 2 ms with the broker deciding (the client waits for the acknowledgement) and
+    /// 20 ms with PostgreSQL deciding (the event is published after the 201; fewer, larger
+    /// requests cost the broker and the core less per event). See [`KafkaSettings::linger_for`].
+    #[serde(default, with = "humantime_serde")]
+    pub linger: Option<Duration>,
     /// Run the writers that write events into PostgreSQL in this instance. Unset: only
     /// with the broker deciding (`flash.decision = "broker"`); with PostgreSQL deciding
     /// every event's row was committed before its 201, and writing it again is all they
@@ -275,6 +281,7 @@ impl Default for KafkaSettings {
             owner_timeout: Duration::from_secs(10),
             monitor_interval: Duration::from_secs(1),
             fetch_wait: Duration::from_millis(10),
+            linger: None,
         }
     }
 }
@@ -282,7 +289,7 @@ impl Default for KafkaSettings {
 /// librdkafka properties the core sets itself, because a guarantee rests on them (acks and
 /// idempotence of the producers, the consumer's own offset handling, the group and servers
 /// that have their own settings). Configuring one of them is refused, not ignored.
-pub const RESERVED_KAFKA_PROPERTIES: [&str; 8] = [
+pub const RESERVED_KAFKA_PROPERTIES: [&str; 9] = [
     "bootstrap.servers",
     "group.id",
     "acks",
@@ -291,6 +298,7 @@ pub const RESERVED_KAFKA_PROPERTIES: [&str; 8] = [
     "enable.auto.offset.store",
     "message.timeout.ms",
     "fetch.wait.max.ms",
+    "linger.ms",
 ];
 
 /// Extra librdkafka properties. Their values may be secrets (`sasl.password`,
@@ -324,6 +332,14 @@ impl std::fmt::Debug for KafkaProperties {
 }
 
 impl KafkaSettings {
+    /// The producer's `linger.ms` when `decision` has the last word: `linger` if set.
+    pub fn linger_for(&self, decision: Decision) -> Duration {
+        self.linger.unwrap_or(match decision {
+            Decision::Broker => Duration::from_millis(2),
+            Decision::Database => Duration::from_millis(20),
+        })
+    }
+
     /// A librdkafka configuration with the brokers and the configured properties; each
     /// client adds what it needs on top.
     pub fn client_config(&self) -> rdkafka::ClientConfig {

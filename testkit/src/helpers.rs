@@ -126,7 +126,8 @@ impl TestApp {
     pub async fn start(settings: &Settings) -> Self {
         // Logs only when asked for (RUST_LOG=...), so a failing test can be read.
         if std::env::var_os("RUST_LOG").is_some() {
-            voucher_core::telemetry::init(&settings.log);
+            // The writer runs for the rest of the test process (its guard is never dropped).
+            std::mem::forget(voucher_core::telemetry::init(&settings.log));
         }
         let app = Application::build(settings).await.expect("app builds");
         let base = format!("http://{}", app.api_addr());

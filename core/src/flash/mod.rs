@@ -178,7 +178,7 @@ impl FlashPath {
         Ok(Self {
             inner: Arc::new(Inner {
                 gate,
-                publisher: Publisher::new(kafka)?,
+                publisher: Publisher::new(kafka, kafka.linger_for(settings.decision))?,
                 recorder,
                 progress: Progress::new(kafka, store.clone())?,
                 consumer_health: Arc::default(),

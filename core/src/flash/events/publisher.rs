@@ -27,7 +27,8 @@ pub struct Publisher {
 }
 
 impl Publisher {
-    pub fn new(settings: &KafkaSettings) -> anyhow::Result<Self> {
+    /// A producer that groups events for up to `linger` (`linger.ms`) before sending.
+    pub fn new(settings: &KafkaSettings, linger: Duration) -> anyhow::Result<Self> {
         let producer: FutureProducer = settings
             .client_config()
             .set("acks", "all")
@@ -41,8 +42,10 @@ impl Publisher {
                 "message.timeout.ms",
                 settings.message_timeout.as_millis().to_string(),
             )
-            // A flash sale wants latency more than big batches.
-            .set("linger.ms", "2")
+            // With the broker deciding the client waits for the ack, so this is short;
+            // with PostgreSQL deciding nobody waits, and a longer linger means fewer
+            // produce requests (`KafkaSettings::linger_for`).
+            .set("linger.ms", linger.as_millis().to_string())
             .create()?;
         Ok(Self {
             producer,
