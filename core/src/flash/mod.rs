@@ -49,7 +49,7 @@ use crate::{Error, Result};
 use events::consumer::EventConsumer;
 use events::monitor::{ConsumerHealth, ConsumerMonitor};
 use events::progress::Progress;
-use events::publisher::Publisher;
+use events::publisher::{Announcer, Publisher};
 use gate::Gate;
 use reconcile::Reconciler;
 use recorder::Recorder;
@@ -150,8 +150,9 @@ pub struct FlashPath {
 struct Inner {
     gate: Gate,
     publisher: Publisher,
-    /// With `flash.decision = "database"`: PostgreSQL's last word before a 201.
-    recorder: Option<Recorder>,
+    /// With `flash.decision = "database"`: PostgreSQL's last word before a 201, and the
+    /// producer of the events of uses it holds (sent after the answer, never awaited).
+    recorder: Option<(Recorder, Announcer)>,
     progress: Progress,
     /// What the consumer monitor last saw; readiness reports it.
     consumer_health: Arc<ConsumerHealth>,
@@ -173,12 +174,18 @@ impl FlashPath {
         metrics: Arc<Metrics>,
         settings: FlashSettings,
     ) -> anyhow::Result<Self> {
-        let recorder = (settings.decision == Decision::Database)
-            .then(|| Recorder::start(store.clone(), gate.clone(), &settings));
+        let linger = kafka.linger_for(settings.decision);
+        let recorder = match settings.decision {
+            Decision::Database => Some((
+                Recorder::start(store.clone(), gate.clone(), &settings),
+                Announcer::new(kafka, linger, metrics.clone())?,
+            )),
+            Decision::Broker => None,
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 gate,
-                publisher: Publisher::new(kafka, kafka.linger_for(settings.decision))?,
+                publisher: Publisher::new(kafka, linger)?,
                 recorder,
                 progress: Progress::new(kafka, store.clone())?,
                 consumer_health: Arc::default(),

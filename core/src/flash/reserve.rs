@@ -128,7 +128,7 @@ impl FlashPath {
         record: OrderRecord,
         generation: Generation,
     ) -> Result<ReserveOutcome> {
-        if let Some(recorder) = &self.inner.recorder {
+        if let Some((recorder, _)) = &self.inner.recorder {
             let attempt = Attempt::First;
             return self
                 .decided_by_database(voucher, recorder, request, record, generation, attempt)
@@ -217,7 +217,7 @@ impl FlashPath {
                 };
             }
         }
-        if let Some(recorder) = &self.inner.recorder {
+        if let Some((recorder, _)) = &self.inner.recorder {
             let attempt = Attempt::Retry;
             return self
                 .decided_by_database(voucher, recorder, request, record, generation, attempt)
@@ -410,16 +410,13 @@ impl FlashPath {
     }
 
     /// The event of a use PostgreSQL holds, for whoever reads the topic; the client has its
-    /// answer already, so a broker that is slow or down delays nobody. (The writers find
-    /// the row there and count a duplicate.)
+    /// answer already, so a broker that is slow or down delays nobody. Queued, never
+    /// awaited (`Announcer`).
     fn publish_afterwards(&self, request: &ReservationRequest, record: OrderRecord) {
-        let this = self.clone();
-        let request = request.clone();
-        tokio::spawn(async move {
-            if let Err(e) = this.publish(&request, &record).await {
-                tracing::warn!(error = %crate::error::cause_chain(&e), order_id = %request.order_id, "event of a recorded use not published");
-            }
-        });
+        if let Some((_, announcer)) = &self.inner.recorder {
+            let event = ReservedEvent::new(&request.voucher_code, &request.order_id, &record);
+            announcer.announce(&event);
+        }
     }
 
     async fn publish(

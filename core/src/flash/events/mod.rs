@@ -2,12 +2,14 @@
 //! The SQL of that writing is the store's (`Store::record_reserved`), which knows nothing of
 //! events: the consumer turns each event into a [`Reservation`] first.
 //!
-//! Only one event type is needed: `reserved`, published after the gate takes a use and
-//! before the client gets its 201. Confirm and release write PostgreSQL directly (they are
+//! Only one event type is needed: `reserved`, published after the gate takes a use: with
+//! the broker deciding, its acknowledgement comes before the client's 201; with PostgreSQL
+//! deciding, it follows the 201 (the row is committed already) and nobody waits for it. Confirm and release write PostgreSQL directly (they are
 //! rare: at most one each per use) once the row is there, so they need no event.
 //! Events are keyed by voucher code: all events of a voucher are in one partition, in order.
 //!
-//! - `publisher`: the producer (acks=all, idempotent) and how its failures are classified;
+//! - `publisher`: the producers (acks=all; one awaited, one that only counts deliveries) and
+//!   how their failures are classified;
 //! - `consumer`: the writers, one per partition, owned through PostgreSQL, batched, with
 //!   their dead-letter topic;
 //! - `progress`: "has everything published so far been written?";
