@@ -4,9 +4,9 @@ use tokio_util::sync::CancellationToken;
 use voucher_core::config::Settings;
 use voucher_core::startup::{shutdown_signal, Application};
 
-/// mimalloc, not glibc's malloc: profiled accepting 6,000 reservations/s, glibc's
-/// allocation and free paths (`_int_malloc`, `_int_free`, `malloc_consolidate`, ...) took
-/// about a quarter of the core's CPU (reports/bench/ACCEPT.md, "Where the core's CPU goes").
+/// mimalloc, not glibc's malloc: profiled accepting 6,000 reservations/s (perf, as
+/// `loadtest/perf-core.sh` does), glibc's allocation and free paths (`_int_malloc`,
+/// `_int_free`, `malloc_consolidate`, ...) had 21% of the core's samples.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
