@@ -38,24 +38,7 @@ pub struct Publisher {
 impl Publisher {
     /// A producer that groups events for up to `linger` (`linger.ms`) before sending.
     pub fn new(settings: &KafkaSettings, linger: Duration) -> anyhow::Result<Self> {
-        let producer: FutureProducer = settings
-            .client_config()
-            .set("acks", "all")
-            // Not idempotent: a duplicate from the producer's own retry is harmless (the
-            // writer keeps the first row of an orderId and ignores the rest) and events of
-            // different orders need no order among them. And tansu 0.6's check of an
-            // idempotent producer panics after the broker is killed and restarted, leaving
-            // it unable to store anything (found by the fault campaign's kill-broker round).
-            .set("enable.idempotence", "false")
-            .set(
-                "message.timeout.ms",
-                settings.message_timeout.as_millis().to_string(),
-            )
-            // With the broker deciding the client waits for the ack, so this is short;
-            // with PostgreSQL deciding nobody waits, and a longer linger means fewer
-            // produce requests (`KafkaSettings::linger_for`).
-            .set("linger.ms", linger.as_millis().to_string())
-            .create()?;
+        let producer: FutureProducer = producer_config(settings, linger).create()?;
         Ok(Self {
             producer,
             topic: settings.topic.clone(),
@@ -104,17 +87,8 @@ impl Announcer {
         linger: Duration,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Self> {
-        let producer = settings
-            .client_config()
-            .set("acks", "all")
-            // As for `Publisher`: the consumer keeps the first row of an orderId.
-            .set("enable.idempotence", "false")
-            .set(
-                "message.timeout.ms",
-                settings.message_timeout.as_millis().to_string(),
-            )
-            .set("linger.ms", linger.as_millis().to_string())
-            .create_with_context(Deliveries { metrics })?;
+        let producer =
+            producer_config(settings, linger).create_with_context(Deliveries { metrics })?;
         Ok(Self {
             producer,
             topic: settings.topic.clone(),
@@ -174,6 +148,28 @@ impl ProducerContext for Deliveries {
         };
         self.delivered(&started, result);
     }
+}
+
+/// What both producers are: acks from every in-sync replica, `message_timeout`, `linger`.
+fn producer_config(settings: &KafkaSettings, linger: Duration) -> rdkafka::ClientConfig {
+    let mut config = settings.client_config();
+    config
+        .set("acks", "all")
+        // Not idempotent: a duplicate from the producer's own retry is harmless (the
+        // writer keeps the first row of an orderId and ignores the rest) and events of
+        // different orders need no order among them. And tansu 0.6's check of an
+        // idempotent producer panics after the broker is killed and restarted, leaving
+        // it unable to store anything (found by the fault campaign's kill-broker round).
+        .set("enable.idempotence", "false")
+        .set(
+            "message.timeout.ms",
+            settings.message_timeout.as_millis().to_string(),
+        )
+        // With the broker deciding the client waits for the ack, so this is short; with
+        // PostgreSQL deciding nobody waits, and a longer linger means fewer produce
+        // requests (`KafkaSettings::linger_for`).
+        .set("linger.ms", linger.as_millis().to_string());
+    config
 }
 
 /// Errors after which the broker certainly does not have the message. Anything else
