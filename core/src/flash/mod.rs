@@ -9,15 +9,17 @@
 //! the broker's acknowledgement instead, and the writers turn events into rows; an
 //! ambiguous publish keeps the use held (503) and a retry re-publishes the same event.
 //!
-//! [`start`] is the front door: it builds the gate, the recorder, the publisher, the writers,
-//! the consumer monitor and reconciliation from the settings and hands back the
+//! [`start`] is the front door: it builds the gate, the recorder and its announcer (or, with
+//! the broker deciding, the publisher), the writers, the consumer monitor and
+//! reconciliation from the settings and hands back the
 //! [`FlashPath`] the HTTP layer calls and the [`FlashJobs`] that run beside it.
 //!
 //! Layout (every arrow points down: this module uses `store` and `domain`, never the reverse):
 //! - [`gate`]: the Redis gate, one module per family of its Lua scripts (`lua/`);
-//! - [`events`]: the event, its publisher, the writers that put it into PostgreSQL, and
+//! - [`events`]: the event, its producers, the writers that put it into PostgreSQL, and
 //!   "has every published event been written?";
-//! - `reserve`: the reserve use case (gate, claim, record or publish, acknowledge);
+//! - `reserve`: the reserve use case (gate, then record and announce, or claim, publish
+//!   and acknowledge);
 //! - [`recorder`]: PostgreSQL's last word before a 201, in grouped transactions;
 //! - `settle`: the confirm and release use cases, which act on the row first;
 //! - `give_back`: the one place a use goes back to the gate and the edges hear of it;
@@ -147,12 +149,22 @@ pub struct FlashPath {
     inner: Arc<Inner>,
 }
 
+/// Who turns a use the gate took into a 201 (`flash.decision`), with the one producer that
+/// decision needs.
+enum Decider {
+    /// PostgreSQL's commit, by the recorder; the events of the uses it holds are announced
+    /// after the answers, never awaited.
+    Database {
+        recorder: Recorder,
+        announcer: Announcer,
+    },
+    /// The broker's acknowledgement of the event, awaited by the request.
+    Broker { publisher: Publisher },
+}
+
 struct Inner {
     gate: Gate,
-    publisher: Publisher,
-    /// With `flash.decision = "database"`: PostgreSQL's last word before a 201, and the
-    /// producer of the events of uses it holds (sent after the answer, never awaited).
-    recorder: Option<(Recorder, Announcer)>,
+    decider: Decider,
     progress: Progress,
     /// What the consumer monitor last saw; readiness reports it.
     consumer_health: Arc<ConsumerHealth>,
@@ -175,18 +187,19 @@ impl FlashPath {
         settings: FlashSettings,
     ) -> anyhow::Result<Self> {
         let linger = kafka.linger_for(settings.decision);
-        let recorder = match settings.decision {
-            Decision::Database => Some((
-                Recorder::start(store.clone(), gate.clone(), &settings),
-                Announcer::new(kafka, linger, metrics.clone())?,
-            )),
-            Decision::Broker => None,
+        let decider = match settings.decision {
+            Decision::Database => Decider::Database {
+                recorder: Recorder::start(store.clone(), gate.clone(), &settings),
+                announcer: Announcer::new(kafka, linger, metrics.clone())?,
+            },
+            Decision::Broker => Decider::Broker {
+                publisher: Publisher::new(kafka, linger)?,
+            },
         };
         Ok(Self {
             inner: Arc::new(Inner {
                 gate,
-                publisher: Publisher::new(kafka, linger)?,
-                recorder,
+                decider,
                 progress: Progress::new(kafka, store.clone())?,
                 consumer_health: Arc::default(),
                 store,
@@ -201,7 +214,7 @@ impl FlashPath {
     /// Whether PostgreSQL has the last word before a 201 (`flash.decision = "database"`):
     /// then every acknowledged use is a row, and PostgreSQL alone can say who holds uses.
     pub fn database_decides(&self) -> bool {
-        self.inner.recorder.is_some()
+        matches!(self.inner.decider, Decider::Database { .. })
     }
 
     pub fn gate(&self) -> &Gate {

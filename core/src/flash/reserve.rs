@@ -16,13 +16,13 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::events::publisher::PublishError;
+use super::events::publisher::{PublishError, Publisher};
 use super::events::ReservedEvent;
 use super::gate::{
     GateDecision, Generation, GiveBack, MarkAlso, OrderRecord, RecordState, Refusal,
 };
 use super::recorder::{Recorded, Recorder};
-use super::FlashPath;
+use super::{Decider, FlashPath};
 use crate::domain::{Reservation, ReservationRequest, ReservationStatus, Voucher};
 use crate::store::ReserveOutcome;
 use crate::{Error, Result};
@@ -128,12 +128,15 @@ impl FlashPath {
         record: OrderRecord,
         generation: Generation,
     ) -> Result<ReserveOutcome> {
-        if let Some((recorder, _)) = &self.inner.recorder {
-            let attempt = Attempt::First;
-            return self
-                .decided_by_database(voucher, recorder, request, record, generation, attempt)
-                .await;
-        }
+        let publisher = match &self.inner.decider {
+            Decider::Database { recorder, .. } => {
+                let attempt = Attempt::First;
+                return self
+                    .decided_by_database(voucher, recorder, request, record, generation, attempt)
+                    .await;
+            }
+            Decider::Broker { publisher } => publisher,
+        };
         // One orderId, one voucher: the gate's records are per voucher, and with the broker
         // deciding nothing else sees the same orderId on two flash vouchers before the 201.
         let claimed = self
@@ -146,7 +149,7 @@ impl FlashPath {
             Ok(false) => return self.undo(request, &record, Error::OrderIdConflict).await,
             Err(e) => return self.undo(request, &record, e).await,
         }
-        match self.publish(request, &record).await {
+        match self.publish(publisher, request, &record).await {
             Ok(()) => Ok(ReserveOutcome::Reserved(
                 self.acknowledged(request, record, MarkAlso::Nothing)
                     .await?,
@@ -217,19 +220,22 @@ impl FlashPath {
                 };
             }
         }
-        if let Some((recorder, _)) = &self.inner.recorder {
-            let attempt = Attempt::Retry;
-            return self
-                .decided_by_database(voucher, recorder, request, record, generation, attempt)
-                .await
-                .map(Some);
-        }
+        let publisher = match &self.inner.decider {
+            Decider::Database { recorder, .. } => {
+                let attempt = Attempt::Retry;
+                return self
+                    .decided_by_database(voucher, recorder, request, record, generation, attempt)
+                    .await
+                    .map(Some);
+            }
+            Decider::Broker { publisher } => publisher,
+        };
         // The claim may have been lost with Redis since the first attempt: hold it again
         // before publishing, or refuse if another voucher took the orderId meanwhile.
         if !gate.claim_order(order_id, code).await? {
             return Err(Error::OrderIdConflict);
         }
-        match self.publish(request, &record).await {
+        match self.publish(publisher, request, &record).await {
             Ok(()) => Ok(Some(ReserveOutcome::Retried(
                 self.acknowledged(request, record, MarkAlso::Nothing)
                     .await?,
@@ -270,10 +276,10 @@ impl FlashPath {
         }
         // Decided. The record moves P -> A with the rest of its batch, in one call the
         // recorder makes after the answers (`settle.lua`): no Redis call of its own here.
-        let mut decided = record.clone();
+        let mut decided = record;
         decided.state = RecordState::Accepted;
         let reservation = decided.reservation(&request.voucher_code, &request.order_id)?;
-        self.publish_afterwards(request, record);
+        self.publish_afterwards(request, &decided);
         Ok(match attempt {
             Attempt::First => ReserveOutcome::Reserved(reservation),
             Attempt::Retry => ReserveOutcome::Retried(reservation),
@@ -412,21 +418,25 @@ impl FlashPath {
     /// The event of a use PostgreSQL holds, for whoever reads the topic; the client has its
     /// answer already, so a broker that is slow or down delays nobody. Queued, never
     /// awaited (`Announcer`).
-    fn publish_afterwards(&self, request: &ReservationRequest, record: OrderRecord) {
-        if let Some((_, announcer)) = &self.inner.recorder {
-            let event = ReservedEvent::new(&request.voucher_code, &request.order_id, &record);
-            announcer.announce(&event);
+    fn publish_afterwards(&self, request: &ReservationRequest, record: &OrderRecord) {
+        if let Decider::Database { announcer, .. } = &self.inner.decider {
+            announcer.announce(ReservedEvent::new(
+                &request.voucher_code,
+                &request.order_id,
+                record,
+            ));
         }
     }
 
     async fn publish(
         &self,
+        publisher: &Publisher,
         request: &ReservationRequest,
         record: &OrderRecord,
     ) -> Result<(), PublishError> {
         let started = Instant::now();
         let event = ReservedEvent::new(&request.voucher_code, &request.order_id, record);
-        let result = self.inner.publisher.publish(&event).await;
+        let result = publisher.publish(&event).await;
         let label = match &result {
             Ok(()) => "ok",
             Err(PublishError::NotWritten(_)) => "not_written",

@@ -96,12 +96,14 @@ impl Announcer {
     }
 
     /// Queues `event`; never waits. A full local queue drops it (counted `not_written`).
-    pub fn announce(&self, event: &ReservedEvent) {
-        let Ok(payload) = serde_json::to_vec(&super::VoucherEvent::Reserved(event.clone())) else {
+    pub fn announce(&self, event: ReservedEvent) {
+        let event = super::VoucherEvent::Reserved(event);
+        let Ok(payload) = serde_json::to_vec(&event) else {
             return; // cannot happen: plain strings and integers
         };
+        let super::VoucherEvent::Reserved(reserved) = &event;
         let record = BaseRecord::with_opaque_to(&self.topic, Box::new(Instant::now()))
-            .key(event.voucher_code.as_str())
+            .key(reserved.voucher_code.as_str())
             .payload(&payload);
         if let Err((e, record)) = self.producer.send(record) {
             self.producer
