@@ -13,18 +13,15 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let settings = Settings::load()?;
-    // Held to the end: dropping it flushes the queued log lines (also before an exit at
-    // the shutdown deadline, below).
-    let logs = std::sync::Arc::new(std::sync::Mutex::new(voucher_core::telemetry::init(
-        &settings.log,
-    )));
+    // Held to the end: dropping it flushes the queued log lines.
+    let logs = voucher_core::telemetry::init(&settings.log);
     let app = Application::build(&settings).await?;
     tracing::info!(api = %app.api_addr(), metrics = %app.metrics_addr(), "voucher-core started");
     let shutdown = CancellationToken::new();
     let trigger = shutdown.clone();
     let draining = app.draining();
-    let flush = logs.clone();
     let (drain_delay, deadline) = (settings.http.drain_delay, settings.http.shutdown_deadline);
+    let (deadline_passed, at_deadline) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         shutdown_signal().await;
         // Ready no more, still serving: balancers stop sending before the listener closes.
@@ -34,15 +31,17 @@ async fn main() -> anyhow::Result<()> {
         tracing::info!(?deadline, "stopping: requests in flight may finish");
         trigger.cancel();
         tokio::time::sleep(deadline).await;
-        tracing::warn!("requests still in flight at the shutdown deadline; exiting");
-        if let Ok(mut guard) = flush.lock() {
-            drop(guard.take());
-        }
-        std::process::exit(1);
+        let _ = deadline_passed.send(());
     });
-    let stopped = app.run_until_stopped(shutdown).await;
-    if let Ok(mut guard) = logs.lock() {
-        drop(guard.take());
+    tokio::select! {
+        stopped = app.run_until_stopped(shutdown) => {
+            drop(logs);
+            stopped
+        }
+        Ok(()) = at_deadline => {
+            tracing::warn!("requests still in flight at the shutdown deadline; exiting");
+            drop(logs);
+            std::process::exit(1);
+        }
     }
-    stopped
 }
