@@ -179,13 +179,7 @@ pub async fn run(stack_args: &StackArgs, args: &BigArgs) -> anyhow::Result<()> {
     // 2. Reload: the operator drops the gate and it is loaded again from PostgreSQL.
     slowlog_reset(redis_url, threshold_us).await?;
     let started = Instant::now();
-    let reload = stack
-        .http
-        .post(format!("http://{}/vouchers/{code}/gate/reload", stack.core))
-        .bearer_auth(&stack.token)
-        .send()
-        .await?;
-    anyhow::ensure!(reload.status().is_success(), "reload: {}", reload.status());
+    stack.request_reload(&code).await?;
     let mut reopened = None;
     // Polled every 500 ms: each GET counts the voucher's rows by status.
     for _ in 0..600 {

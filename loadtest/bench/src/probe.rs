@@ -90,17 +90,7 @@ impl Stack {
     /// and waits until the gate holds PostgreSQL's count: for uses written behind the
     /// gate's back by the benchmark itself.
     pub async fn reload_gate(&self, code: &str) -> anyhow::Result<()> {
-        let resp = self
-            .http
-            .post(format!("http://{}/vouchers/{code}/gate/reload", self.core))
-            .bearer_auth(&self.token)
-            .send()
-            .await?;
-        anyhow::ensure!(
-            resp.status().as_u16() == 202,
-            "reloading {code}: {}",
-            resp.status()
-        );
+        self.request_reload(code).await?;
         let gate =
             voucher_core::flash::gate::Gate::connect(&self.redis_settings(&self.gate_prefix))
                 .await?;
@@ -123,6 +113,22 @@ impl Stack {
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// The admin reload of a flash voucher's gate, accepted (202); the rebuild runs on.
+    pub async fn request_reload(&self, code: &str) -> anyhow::Result<()> {
+        let resp = self
+            .http
+            .post(format!("http://{}/vouchers/{code}/gate/reload", self.core))
+            .bearer_auth(&self.token)
+            .send()
+            .await?;
+        anyhow::ensure!(
+            resp.status().as_u16() == 202,
+            "reloading {code}: {}",
+            resp.status()
+        );
+        Ok(())
     }
 
     /// Sum of a counter over the cores, for the samples carrying every label of `labels`.
