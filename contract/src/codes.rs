@@ -29,11 +29,14 @@ pub enum ErrorCode {
     RateLimited,
     /// The edge refused a request whose headers are larger than it takes (431).
     HeadersTooLarge,
+    /// The edge or core was at its admission limit and refused the request before doing
+    /// anything for it (503, with Retry-After).
+    Overloaded,
 }
 
 impl ErrorCode {
     /// Every code, for documents and tests.
-    pub const ALL: [ErrorCode; 22] = [
+    pub const ALL: [ErrorCode; 23] = [
         Self::InvalidRequest,
         Self::MalformedJson,
         Self::UnsupportedMediaType,
@@ -56,6 +59,7 @@ impl ErrorCode {
         Self::BadRequest,
         Self::RateLimited,
         Self::HeadersTooLarge,
+        Self::Overloaded,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -82,6 +86,7 @@ impl ErrorCode {
             Self::BadRequest => "BAD_REQUEST",
             Self::RateLimited => "RATE_LIMITED",
             Self::HeadersTooLarge => "HEADERS_TOO_LARGE",
+            Self::Overloaded => "OVERLOADED",
         }
     }
 

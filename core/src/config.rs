@@ -26,6 +26,8 @@ pub struct Settings {
     pub redis: Option<RedisSettings>,
     pub kafka: Option<KafkaSettings>,
     pub flash: FlashSettings,
+    /// How many reservations the core works on at once; the rest get `503 OVERLOADED`.
+    pub admission: voucher_admission::AdmissionSettings,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -442,6 +444,9 @@ impl Settings {
 
     /// Refuses settings that would break a guarantee rather than a preference.
     pub fn validate(&self) -> anyhow::Result<()> {
+        if let Some(problem) = self.admission.problem() {
+            anyhow::bail!(problem);
+        }
         if let Some(kafka) = &self.kafka {
             for (name, _) in kafka.properties.iter() {
                 anyhow::ensure!(

@@ -64,6 +64,9 @@ pub enum Error {
         #[source]
         cause: Option<Cause>,
     },
+    /// At the admission limit: refused before anything was done, so a retry is safe.
+    #[error("the service is at its admission limit; retry after the Retry-After seconds")]
+    Overloaded,
     /// A bug or corrupt data: never the client's fault, never shown to it.
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
@@ -131,7 +134,7 @@ impl Error {
             | Self::AlreadyReleased
             | Self::AlreadyConfirmed => StatusCode::CONFLICT,
             Self::NotEligible(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unavailable { .. } | Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -157,6 +160,7 @@ impl Error {
             Self::AlreadyReleased => ErrorCode::AlreadyReleased,
             Self::AlreadyConfirmed => ErrorCode::AlreadyConfirmed,
             Self::Unavailable { .. } => ErrorCode::ServiceUnavailable,
+            Self::Overloaded => ErrorCode::Overloaded,
             Self::Internal(_) => ErrorCode::Internal,
         }
     }

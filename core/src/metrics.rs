@@ -386,6 +386,16 @@ impl Metrics {
     }
 }
 
+impl Metrics {
+    /// The admission limiter's `voucher_admission_limit`, `voucher_admission_in_flight`
+    /// and `voucher_admission_refused_total`, read from it at each scrape.
+    pub fn watch_admission(&self, limiter: &voucher_admission::Limiter) -> anyhow::Result<()> {
+        self.registry
+            .register(Box::new(limiter.collector("voucher")?))?;
+        Ok(())
+    }
+}
+
 /// Registers `metric` in `registry` and hands it back. The definitions are static, so a
 /// failure here is a bug caught by the first test that builds the metrics.
 fn register<M>(registry: &Registry, metric: prometheus::Result<M>) -> M

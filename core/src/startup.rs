@@ -47,11 +47,14 @@ impl Application {
             flash,
         );
         let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let admission = voucher_admission::Limiter::new(settings.admission.clone());
+        metrics.watch_admission(&admission)?;
         let state = AppState {
             service,
             admin_token: settings.admin.token.clone(),
             orders_token: settings.admin.orders_token.clone(),
             draining: draining.clone(),
+            admission,
         };
         let service = state.service.clone();
         let (router, _doc) = http::api_router(

@@ -72,6 +72,11 @@ pub struct EdgeSettings {
     /// and a line each cost 18% to 25% of the reject path's throughput, measured by
     /// `BENCH_ONLY=rate-limits ./loadtest/bench.sh`), or `off`.
     pub access_log: AccessLog,
+    /// How many reservations the edge has at the cores at once; the rest get
+    /// `503 OVERLOADED` from the edge itself (`admission.enabled`, `initial_limit`,
+    /// `min_limit`, `max_limit`, `latency_target`). Looser than a core's by default: the
+    /// cores bound their own work, and this bounds what the edge holds when they answer late.
+    pub admission: voucher_admission::AdmissionSettings,
 }
 
 /// Which requests the edge writes an access line for.
@@ -119,6 +124,13 @@ impl Default for EdgeSettings {
             threads: 2,
             log_format: "text".into(),
             access_log: AccessLog::All,
+            admission: voucher_admission::AdmissionSettings {
+                initial_limit: 1024,
+                min_limit: 64,
+                max_limit: 8192,
+                latency_target: Duration::from_millis(80),
+                ..Default::default()
+            },
         }
     }
 }
@@ -153,6 +165,9 @@ impl EdgeSettings {
             matches!(self.log_format.as_str(), "text" | "json"),
             "log_format must be text or json"
         );
+        if let Some(problem) = self.admission.problem() {
+            anyhow::bail!(problem);
+        }
         anyhow::ensure!(
             !self.upstreams.is_empty(),
             "at least one upstream is needed"

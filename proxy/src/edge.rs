@@ -31,6 +31,8 @@ pub struct Edge {
     pub http: reqwest::Client,
     /// Ids of requests that came without a valid one.
     pub request_ids: request::RequestIds,
+    /// Bounds the reservations the edge has at the cores at once (`admission`).
+    pub admission: voucher_admission::Limiter,
 }
 
 /// The edge's own health endpoint (answered by the edge, never forwarded).
@@ -49,6 +51,9 @@ pub struct Ctx {
     failed: Vec<String>,
     /// The `x-request-id` this request goes on with (the client's valid one, or a new one).
     pub(crate) request_id: String,
+    /// A reservation's place within the admission limit, from its screening until it is
+    /// logged (answered or given up).
+    pub(crate) admitted: Option<voucher_admission::Permit>,
 }
 
 impl Edge {
@@ -187,6 +192,7 @@ impl ProxyHttp for Edge {
             outcome: "forwarded",
             failed: Vec::new(),
             request_id: String::new(),
+            admitted: None,
         }
     }
 
@@ -323,6 +329,9 @@ impl ProxyHttp for Edge {
     }
 
     async fn logging(&self, session: &mut Session, error: Option<&Error>, ctx: &mut Ctx) {
+        if let Some(permit) = ctx.admitted.take() {
+            permit.complete();
+        }
         let labels = [ctx.route.label(), ctx.outcome];
         let elapsed = ctx.started.elapsed();
         self.metrics.requests.with_label_values(&labels).inc();

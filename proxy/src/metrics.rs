@@ -115,6 +115,7 @@ impl EdgeMetrics {
             "too_large",
             "upstream_error",
             "rate_limited",
+            "overloaded",
         ] {
             requests.with_label_values(&["reserve", outcome]);
         }

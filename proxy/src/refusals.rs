@@ -31,6 +31,9 @@ pub(crate) enum OwnAnswer {
     TooLarge,
     /// 409 `OUT_OF_STOCK`: a new order for a voucher flagged sold out.
     SoldOut,
+    /// 503 `OVERLOADED`: a reservation for a core while the edge has its admission limit
+    /// of them at the cores already.
+    Overloaded,
 }
 
 impl OwnAnswer {
@@ -43,6 +46,7 @@ impl OwnAnswer {
             Self::AdminRefused => "admin_refused",
             Self::TooLarge => "too_large",
             Self::SoldOut => "sold_out",
+            Self::Overloaded => "overloaded",
         }
     }
 }
@@ -102,6 +106,15 @@ impl Edge {
                     409,
                     ErrorCode::OutOfStock,
                     "the voucher has no uses left",
+                )
+                .await
+            }
+            OwnAnswer::Overloaded => {
+                self.answer(
+                    session,
+                    503,
+                    ErrorCode::Overloaded,
+                    "the service is at its admission limit; retry after the Retry-After seconds",
                 )
                 .await
             }
@@ -199,7 +212,13 @@ impl Edge {
         }
         let sold_out = self.sold_out.verdict(&code, Some(&reserve.order_id)) == Verdict::SoldOut;
         ctx.code = Some(code);
-        Ok(sold_out.then_some(OwnAnswer::SoldOut))
+        if sold_out {
+            return Ok(Some(OwnAnswer::SoldOut));
+        }
+        // Last: only a reservation that goes to a core takes a place (the edge's own
+        // answers cost the cores nothing), and one refused here has not reached a core.
+        ctx.admitted = self.admission.try_acquire();
+        Ok(ctx.admitted.is_none().then_some(OwnAnswer::Overloaded))
     }
 
     /// Writes a complete JSON answer from the edge, keeping the connection alive

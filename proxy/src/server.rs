@@ -78,6 +78,8 @@ pub fn build(settings: EdgeSettings) -> anyhow::Result<Server> {
     let health = background_service("core health checks", upstreams);
 
     let metrics = EdgeMetrics::new(prometheus::default_registry())?;
+    let admission = voucher_admission::Limiter::new(settings.admission.clone());
+    prometheus::default_registry().register(Box::new(admission.collector("edge")?))?;
     let sold_out = SoldOutCache::new(
         settings.sold_out_ttl,
         settings.order_fetch_interval,
@@ -95,6 +97,7 @@ pub fn build(settings: EdgeSettings) -> anyhow::Result<Server> {
         request_ids: voucher_contract::request::RequestIds::new(
             uuid::Uuid::new_v4().as_u64_pair().0,
         ),
+        admission: admission.clone(),
     };
     let mut proxy = pingora::proxy::http_proxy_service(&server.configuration, edge);
     proxy.add_tcp(&settings.listen);

@@ -43,6 +43,8 @@ pub struct AppState {
     pub orders_token: SecretString,
     /// Set on SIGTERM: `readyz` answers 503 from then on, while requests are still served.
     pub draining: Arc<AtomicBool>,
+    /// Bounds the reservations this core works on at once (`[admission]`).
+    pub admission: voucher_admission::Limiter,
 }
 
 /// Every error answer: `{"error": CODE, "message": text}`, plus `field` on
@@ -155,7 +157,9 @@ pub async fn log_failures(request: Request, next: Next) -> Response {
     let response = next.run(request).await;
     if let Some(error) = response.extensions().get::<Arc<Error>>() {
         let status = response.status();
-        if status.is_server_error() {
+        // Refused at the admission limit: counted (voucher_admission_refused_total), not
+        // logged, or an overload would also be a flood of log lines.
+        if status.is_server_error() && !matches!(**error, Error::Overloaded) {
             let chain = error.chain();
             if status == axum::http::StatusCode::SERVICE_UNAVAILABLE {
                 tracing::warn!(%method, path = uri.path(), code = error.code(), error = %chain, "request failed");

@@ -104,7 +104,8 @@ impl From<&Reservation> for ReservationView {
         (status = 413, description = "PAYLOAD_TOO_LARGE", body = ErrorBody),
         (status = 415, description = "UNSUPPORTED_MEDIA_TYPE", body = ErrorBody),
         (status = 422, description = "NOT_ELIGIBLE with `reason`: NOT_STARTED, EXPIRED, BELOW_MIN_ORDER", body = ErrorBody),
-        (status = 503, description = "SERVICE_UNAVAILABLE, with Retry-After", body = ErrorBody),
+        (status = 503, description = "SERVICE_UNAVAILABLE or OVERLOADED (the core is at its \
+            admission limit and did nothing for the request), with Retry-After", body = ErrorBody),
     )
 )]
 #[tracing::instrument(name = "reserve", skip_all, fields(code = %code))]
@@ -114,7 +115,15 @@ pub async fn reserve(
     ApiJson(body): ApiJson<ReserveBody>,
 ) -> Result<Response> {
     let request = parse_reserve(body, code)?;
-    let outcome = state.service.reserve(&request).await?;
+    // After the checks of the request (a bad one is answered 4xx whatever the load), before
+    // anything touches the gate or the database: a refused request took nothing.
+    let permit = state
+        .admission
+        .try_acquire()
+        .ok_or(crate::Error::Overloaded)?;
+    let outcome = state.service.reserve(&request).await;
+    permit.complete();
+    let outcome = outcome?;
     let view = Json(ReservationView::from(outcome.reservation()));
     let mut response = (StatusCode::CREATED, view).into_response();
     if matches!(outcome, ReserveOutcome::Retried(_)) {

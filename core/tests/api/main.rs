@@ -1,6 +1,7 @@
 //! Integration tests of voucher-core against the real local PostgreSQL. Each test creates
 //! its own database and starts the real application on port 0.
 
+mod admission;
 mod clock;
 mod concurrency;
 mod constraints;

@@ -929,3 +929,94 @@ async fn a_request_id_goes_from_edge_to_core_and_back_and_into_the_access_log() 
     assert!(!log.contains("forged"), "a client's text reached the log");
     stack.finish(&[Accepted::new("RID", "c1", "rid-o1")]).await;
 }
+
+/// Admission at the edge: with its limit of reservations at the cores in flight (one here,
+/// held by a lock on the voucher's row), the next is answered `503 OVERLOADED` by the edge
+/// itself, at once, and never reaches a core; its retry, once the first is answered, is a
+/// new reservation like any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn at_its_admission_limit_the_edge_refuses_a_reservation_itself_with_503_overloaded() {
+    use sqlx::Connection;
+
+    let stack = FlashStack::builder()
+        .cores(2)
+        .edge(env!("CARGO_BIN_EXE_voucher-edge"), Duration::from_secs(2))
+        .edge_env("EDGE__ADMISSION__ENABLED", "true")
+        .edge_env("EDGE__ADMISSION__INITIAL_LIMIT", "1")
+        .edge_env("EDGE__ADMISSION__MIN_LIMIT", "1")
+        .edge_env("EDGE__ADMISSION__MAX_LIMIT", "1")
+        .start()
+        .await;
+    stack.app().given_voucher(voucher_body("HELD", 10, 1)).await;
+    let mut blocker = sqlx::PgConnection::connect(&stack.db.url)
+        .await
+        .expect("connection");
+    sqlx::query("BEGIN")
+        .execute(&mut blocker)
+        .await
+        .expect("begin");
+    sqlx::query("SELECT 1 FROM vouchers WHERE code = 'HELD' FOR UPDATE")
+        .execute(&mut blocker)
+        .await
+        .expect("row locked");
+    let held = tokio::spawn({
+        let edge = voucher_testkit::helpers::ApiClient::new(stack.edge().api.base.clone());
+        async move { edge.attempt("HELD", "c1", "o1", 100_000).await }
+    });
+    eventually(
+        Duration::from_secs(20),
+        "the held reservation to wait on the row",
+        || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+             AND datname = current_database()",
+            )
+            .fetch_one(&stack.pool)
+            .await
+            .ok()?;
+            (waiting == 1).then_some(())
+        },
+    )
+    .await;
+    let at_cores = core_reservations(&stack).await;
+
+    let refused = stack.edge().api.reserve("HELD", "c2", "o2", 100_000).await;
+    assert_eq!(
+        refused
+            .headers()
+            .get(headers::SERVED_BY)
+            .map(|v| v.as_bytes()),
+        Some(&b"edge"[..])
+    );
+    assert_eq!(
+        refused
+            .headers()
+            .get(headers::RETRY_AFTER)
+            .map(|v| v.as_bytes()),
+        Some(&b"1"[..])
+    );
+    assert_error(refused, StatusCode::SERVICE_UNAVAILABLE, "OVERLOADED").await;
+    let metrics = stack.edge().metrics().await;
+    assert_eq!(metrics.sum("edge_admission_refused_total", &[]), 1.0);
+    assert_eq!(
+        metrics.sum("edge_requests_total", &[("outcome", "overloaded")]),
+        1.0
+    );
+
+    blocker.close().await.expect("lock released");
+    let first = held.await.expect("held reservation");
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    // The refused request reached no core (the held one was counted when it answered).
+    assert_eq!(core_reservations(&stack).await, at_cores + 1.0);
+    let retry = stack.edge().api.attempt("HELD", "c2", "o2", 100_000).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
+    assert_eq!(
+        stack
+            .edge()
+            .metrics()
+            .await
+            .sum("edge_admission_in_flight", &[]),
+        0.0
+    );
+    stack.finish(&[first.accepted(), retry.accepted()]).await;
+}

@@ -75,6 +75,9 @@ impl EdgeProcess {
             "redis_url": redis_url,
             "key_prefix": key_prefix,
             "threads": 2,
+            // Off as for the test cores (`settings_for`): a slow shared machine must not
+            // turn into 503 OVERLOADED. The tests of admission turn it on.
+            "admission": { "enabled": false },
         });
         // JSON is YAML.
         let path = dir.0.join("edge.yaml");

@@ -1,0 +1,499 @@
+//! Admission: how many reservations a process works on at once, and a quick "no" for the
+//! rest.
+//!
+//! Offered more than it can take, a server that accepts everything queues it: in its
+//! runtime, in its Redis connection, in the recorder's batch queue. Every request then
+//! waits behind the queue, and the latency of all of them grows without bound while the
+//! throughput does not grow at all. A [`Limiter`] bounds the requests in flight instead;
+//! one over the limit is refused at once (the edge and the core answer it `503 OVERLOADED`
+//! with `Retry-After`), before it has done anything, so the client's retry is safe.
+//!
+//! The limit adapts to measured latency, in the manner of TCP's congestion control and of
+//! the adaptive concurrency limiters of service meshes: time is cut into windows of
+//! `latency_target`; a window in which more than one request in ten took longer than
+//! `latency_target` (its 90th percentile is over the target) multiplies the limit by 0.9;
+//! a window within the target whose busiest moment used at least 0.8 of the limit adds the
+//! square root of the limit. So the limit grows while more concurrency still comes back
+//! fast (the recorder's batches grow with it) and shrinks when it only adds queueing.
+//!
+//! Written here rather than taken from a crate: the crates that exist decide overload per
+//! request (one slow request in a window cuts the limit, and at 10,000 requests a second
+//! some request of every window is slow), keep their samples in types a caller cannot read
+//! or extend, and take an async lock per completed request.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
+use prometheus::{IntCounter, IntGauge, Opts};
+use serde::Deserialize;
+
+/// A window decides only once it holds this many requests: a few requests say nothing about
+/// a percentile.
+const MIN_SAMPLES: u32 = 10;
+/// The share of a window's requests allowed over the target before the limit shrinks.
+const SLOW_SHARE: f64 = 0.1;
+/// What a window over the target keeps of the limit.
+const DECREASE: f64 = 0.9;
+/// The share of the limit a window must have used at its busiest to let the limit grow:
+/// a limit nobody reaches says nothing about what more concurrency would cost.
+const BUSY_SHARE: f64 = 0.8;
+
+/// The `[admission]` section of the edge's and the core's configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdmissionSettings {
+    /// Off: every request is taken, as before admission existed (for comparisons).
+    pub enabled: bool,
+    /// The limit a process starts with.
+    pub initial_limit: usize,
+    /// The limit never shrinks below this (so a stall of a dependency cannot leave a
+    /// process taking one request at a time when it ends).
+    pub min_limit: usize,
+    /// Nor grows above this: bounds what a process holds even if latency stays low.
+    pub max_limit: usize,
+    /// The latency the limit keeps the 90th percentile under, and the window length.
+    #[serde(with = "humantime_serde")]
+    pub latency_target: Duration,
+}
+
+impl Default for AdmissionSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            initial_limit: 256,
+            min_limit: 16,
+            max_limit: 4096,
+            latency_target: Duration::from_millis(50),
+        }
+    }
+}
+
+impl AdmissionSettings {
+    /// Why these settings cannot work, if they cannot (checked at start, with the other
+    /// settings, so a bad file stops the process instead of shedding every request).
+    pub fn problem(&self) -> Option<String> {
+        if self.min_limit == 0 {
+            return Some("admission.min_limit must be at least 1".into());
+        }
+        if !(self.min_limit <= self.initial_limit && self.initial_limit <= self.max_limit) {
+            return Some(format!(
+                "admission limits must satisfy min_limit <= initial_limit <= max_limit (got {} <= {} <= {})",
+                self.min_limit, self.initial_limit, self.max_limit
+            ));
+        }
+        if self.latency_target.is_zero() {
+            return Some("admission.latency_target must be longer than 0".into());
+        }
+        None
+    }
+}
+
+/// Admits requests up to a limit that adapts to their latency. Cheap to clone: clones share
+/// one limit.
+#[derive(Clone, Debug)]
+pub struct Limiter {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    settings: AdmissionSettings,
+    /// The limit in force, `window.limit` rounded down; read by every acquire.
+    limit: AtomicUsize,
+    in_flight: AtomicUsize,
+    /// The most requests in flight at once since the window began.
+    peak: AtomicUsize,
+    refused: AtomicU64,
+    window: Mutex<Window>,
+}
+
+#[derive(Debug)]
+struct Window {
+    started: Instant,
+    samples: u32,
+    slow: u32,
+    /// The limit with its fraction: square-root steps of a small limit are not whole.
+    limit: f64,
+}
+
+/// A request's place within the limit. [`Permit::complete`] gives it back with the
+/// request's latency; dropped without it (the request was cancelled), it is given back and
+/// says nothing about latency.
+#[derive(Debug)]
+pub struct Permit {
+    shared: Arc<Shared>,
+    started: Instant,
+}
+
+impl Limiter {
+    pub fn new(settings: AdmissionSettings) -> Self {
+        let initial = settings.initial_limit.max(1);
+        Self {
+            shared: Arc::new(Shared {
+                limit: AtomicUsize::new(initial),
+                in_flight: AtomicUsize::new(0),
+                peak: AtomicUsize::new(0),
+                refused: AtomicU64::new(0),
+                window: Mutex::new(Window {
+                    started: Instant::now(),
+                    samples: 0,
+                    slow: 0,
+                    limit: initial as f64,
+                }),
+                settings,
+            }),
+        }
+    }
+
+    /// A permit, or `None` when the limit is reached: the caller refuses the request at once.
+    pub fn try_acquire(&self) -> Option<Permit> {
+        let s = &self.shared;
+        let now_in_flight = s.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
+        // Each acquire sees its own count, so in flight never stays above the limit; when
+        // the limit shrinks below it, nothing is admitted until enough requests finish.
+        if s.settings.enabled && now_in_flight > s.limit.load(Ordering::Acquire) {
+            s.in_flight.fetch_sub(1, Ordering::AcqRel);
+            // Demand reached the limit: the window counts as busy.
+            s.peak.fetch_max(now_in_flight, Ordering::AcqRel);
+            s.refused.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        s.peak.fetch_max(now_in_flight, Ordering::AcqRel);
+        Some(Permit {
+            shared: self.shared.clone(),
+            started: Instant::now(),
+        })
+    }
+
+    /// The limit in force.
+    pub fn limit(&self) -> usize {
+        self.shared.limit.load(Ordering::Acquire)
+    }
+
+    /// Requests holding a permit now.
+    pub fn in_flight(&self) -> usize {
+        self.shared.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Requests refused since the start.
+    pub fn refused(&self) -> u64 {
+        self.shared.refused.load(Ordering::Relaxed)
+    }
+
+    /// The limiter's gauges and counter for a Prometheus registry, read at each scrape:
+    /// `{prefix}_admission_limit`, `{prefix}_admission_in_flight` and
+    /// `{prefix}_admission_refused_total`.
+    pub fn collector(&self, prefix: &str) -> prometheus::Result<AdmissionCollector> {
+        let gauge = |name: &str, help: &str| {
+            IntGauge::with_opts(Opts::new(format!("{prefix}_admission_{name}"), help))
+        };
+        Ok(AdmissionCollector {
+            limiter: self.clone(),
+            limit: gauge(
+                "limit",
+                "Requests admitted at once at most, as adapted to latency",
+            )?,
+            in_flight: gauge("in_flight", "Requests admitted and not finished")?,
+            refused: IntCounter::with_opts(Opts::new(
+                format!("{prefix}_admission_refused_total"),
+                "Requests refused at once because the admission limit was reached (503 OVERLOADED)",
+            ))?,
+        })
+    }
+}
+
+impl Shared {
+    /// One finished request of `latency`, at `now`; closes the window when it is due.
+    fn record(&self, now: Instant, latency: Duration) {
+        let target = self.settings.latency_target;
+        // A poisoned lock means a panic elsewhere while holding it; the window's counts are
+        // plain numbers, still usable.
+        let mut w = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        w.samples += 1;
+        if latency > target {
+            w.slow += 1;
+        }
+        if w.samples < MIN_SAMPLES || now.saturating_duration_since(w.started) < target {
+            return;
+        }
+        let peak = self
+            .peak
+            .swap(self.in_flight.load(Ordering::Acquire), Ordering::AcqRel);
+        let (min, max) = (
+            self.settings.min_limit as f64,
+            self.settings.max_limit as f64,
+        );
+        if f64::from(w.slow) > SLOW_SHARE * f64::from(w.samples) {
+            w.limit = (w.limit * DECREASE).max(min);
+        } else if peak as f64 >= BUSY_SHARE * w.limit.floor() {
+            w.limit = (w.limit + w.limit.sqrt()).min(max);
+        }
+        self.limit.store(w.limit as usize, Ordering::Release);
+        w.started = now;
+        w.samples = 0;
+        w.slow = 0;
+    }
+}
+
+impl Permit {
+    /// The request finished: its latency counts toward the limit.
+    pub fn complete(self) {
+        self.shared.record(Instant::now(), self.started.elapsed());
+        // Drop gives the place back.
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The metrics of one [`Limiter`], registered as one collector.
+pub struct AdmissionCollector {
+    limiter: Limiter,
+    limit: IntGauge,
+    in_flight: IntGauge,
+    refused: IntCounter,
+}
+
+impl Collector for AdmissionCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        [
+            &self.limit.desc(),
+            &self.in_flight.desc(),
+            &self.refused.desc(),
+        ]
+        .into_iter()
+        .flatten()
+        .copied()
+        .collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let gauge = |g: &IntGauge, v: usize| g.set(i64::try_from(v).unwrap_or(i64::MAX));
+        gauge(&self.limit, self.limiter.limit());
+        gauge(&self.in_flight, self.limiter.in_flight());
+        let refused = self.limiter.refused();
+        self.refused
+            .inc_by(refused.saturating_sub(self.refused.get()));
+        [
+            self.limit.collect(),
+            self.in_flight.collect(),
+            self.refused.collect(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limiter(initial: usize, min: usize, max: usize) -> Limiter {
+        Limiter::new(AdmissionSettings {
+            enabled: true,
+            initial_limit: initial,
+            min_limit: min,
+            max_limit: max,
+            latency_target: Duration::from_millis(50),
+        })
+    }
+
+    /// `n` requests of `latency` finishing at `at`.
+    fn finish(l: &Limiter, at: Instant, n: u32, latency: Duration) {
+        for _ in 0..n {
+            l.shared.record(at, latency);
+        }
+    }
+
+    #[test]
+    fn requests_over_the_limit_are_refused_until_one_finishes() {
+        let l = limiter(2, 1, 10);
+        let a = l.try_acquire().expect("first");
+        let _b = l.try_acquire().expect("second");
+        assert!(l.try_acquire().is_none(), "a third is over the limit of 2");
+        assert_eq!((l.in_flight(), l.refused()), (2, 1));
+        drop(a);
+        assert!(l.try_acquire().is_some(), "a place was given back");
+    }
+
+    #[test]
+    fn disabled_it_takes_everything() {
+        let l = Limiter::new(AdmissionSettings {
+            enabled: false,
+            initial_limit: 1,
+            min_limit: 1,
+            ..AdmissionSettings::default()
+        });
+        let held: Vec<_> = (0..100).filter_map(|_| l.try_acquire()).collect();
+        assert_eq!((held.len(), l.refused()), (100, 0));
+    }
+
+    #[test]
+    fn a_window_mostly_slow_cuts_the_limit_by_a_tenth() {
+        let l = limiter(100, 10, 1000);
+        let t0 = l.shared.window.lock().expect("lock").started;
+        // 80 fast and 20 slow: the window's 90th percentile is over the target. It closes
+        // with the first request to finish after its length.
+        finish(
+            &l,
+            t0 + Duration::from_millis(10),
+            20,
+            Duration::from_millis(80),
+        );
+        finish(
+            &l,
+            t0 + Duration::from_millis(10),
+            79,
+            Duration::from_millis(5),
+        );
+        assert_eq!(l.limit(), 100);
+        finish(
+            &l,
+            t0 + Duration::from_millis(60),
+            1,
+            Duration::from_millis(5),
+        );
+        assert_eq!(l.limit(), 90);
+    }
+
+    #[test]
+    fn a_few_slow_requests_do_not_cut_it() {
+        // At 10,000 requests a second some request of every window is slow; only a slow
+        // tenth is a sign of queueing.
+        let l = limiter(100, 10, 1000);
+        let t0 = l.shared.window.lock().expect("lock").started;
+        finish(
+            &l,
+            t0 + Duration::from_millis(60),
+            95,
+            Duration::from_millis(5),
+        );
+        finish(
+            &l,
+            t0 + Duration::from_millis(60),
+            5,
+            Duration::from_millis(500),
+        );
+        assert_eq!(
+            l.limit(),
+            100,
+            "nobody used the limit, so it does not grow either"
+        );
+    }
+
+    #[test]
+    fn a_fast_window_that_used_the_limit_grows_it_by_its_square_root() {
+        let l = limiter(100, 10, 1000);
+        let held: Vec<_> = (0..100).filter_map(|_| l.try_acquire()).collect();
+        assert!(l.try_acquire().is_none());
+        drop(held);
+        let t0 = l.shared.window.lock().expect("lock").started;
+        finish(
+            &l,
+            t0 + Duration::from_millis(60),
+            100,
+            Duration::from_millis(5),
+        );
+        assert_eq!(l.limit(), 110);
+        // The next window starts where this one ended and has seen nobody busy.
+        finish(
+            &l,
+            t0 + Duration::from_millis(120),
+            100,
+            Duration::from_millis(5),
+        );
+        assert_eq!(l.limit(), 110);
+    }
+
+    #[test]
+    fn a_window_decides_only_after_its_length_and_ten_requests() {
+        let l = limiter(100, 10, 1000);
+        let t0 = l.shared.window.lock().expect("lock").started;
+        finish(
+            &l,
+            t0 + Duration::from_millis(10),
+            50,
+            Duration::from_millis(80),
+        );
+        assert_eq!(l.limit(), 100, "the window is not over yet");
+        let l = limiter(100, 10, 1000);
+        let t0 = l.shared.window.lock().expect("lock").started;
+        finish(
+            &l,
+            t0 + Duration::from_secs(5),
+            9,
+            Duration::from_millis(80),
+        );
+        assert_eq!(l.limit(), 100, "nine requests decide nothing");
+        finish(
+            &l,
+            t0 + Duration::from_secs(5),
+            1,
+            Duration::from_millis(80),
+        );
+        assert_eq!(l.limit(), 90);
+    }
+
+    #[test]
+    fn the_limit_stays_within_its_bounds() {
+        let l = limiter(20, 16, 22);
+        let mut t = l.shared.window.lock().expect("lock").started;
+        for _ in 0..10 {
+            t += Duration::from_millis(60);
+            finish(&l, t, 20, Duration::from_secs(1));
+        }
+        assert_eq!(l.limit(), 16);
+        for _ in 0..10 {
+            let held: Vec<_> = (0..30).filter_map(|_| l.try_acquire()).collect();
+            t += Duration::from_millis(60);
+            finish(&l, t, 20, Duration::from_millis(1));
+            drop(held);
+        }
+        assert_eq!(l.limit(), 22);
+    }
+
+    #[test]
+    fn bad_settings_are_named() {
+        let bad = |f: fn(&mut AdmissionSettings)| {
+            let mut s = AdmissionSettings::default();
+            f(&mut s);
+            s.problem()
+        };
+        assert!(bad(|_| {}).is_none());
+        assert!(bad(|s| s.min_limit = 0).is_some());
+        assert!(bad(|s| s.initial_limit = s.max_limit + 1).is_some());
+        assert!(bad(|s| s.latency_target = Duration::ZERO).is_some());
+    }
+
+    #[test]
+    fn the_collector_reports_what_the_limiter_holds() {
+        let l = limiter(2, 1, 10);
+        let _a = l.try_acquire();
+        let _b = l.try_acquire();
+        let _ = l.try_acquire();
+        let registry = prometheus::Registry::new();
+        registry
+            .register(Box::new(l.collector("edge").expect("collector")))
+            .expect("registered");
+        let value = |name: &str| {
+            registry
+                .gather()
+                .into_iter()
+                .find(|f| f.name() == name)
+                .map(|f| {
+                    let m = &f.get_metric()[0];
+                    m.get_gauge().get_value() + m.get_counter().get_value()
+                })
+        };
+        assert_eq!(value("edge_admission_limit"), Some(2.0));
+        assert_eq!(value("edge_admission_in_flight"), Some(2.0));
+        assert_eq!(value("edge_admission_refused_total"), Some(1.0));
+    }
+}
