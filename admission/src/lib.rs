@@ -47,7 +47,9 @@ const BUSY_SHARE: f64 = 0.8;
 pub struct AdmissionSettings {
     /// Off: every request is taken, as before admission existed (for comparisons).
     pub enabled: bool,
-    /// The limit a process starts with.
+    /// The limit a process starts with. High: a sale opens with its largest burst, and a
+    /// limit that had to grow into it would refuse the sale's first customers while the
+    /// process could still take them; latency cuts it within a few windows if it cannot.
     pub initial_limit: usize,
     /// The limit never shrinks below this (so a stall of a dependency cannot leave a
     /// process taking one request at a time when it ends).
@@ -63,7 +65,7 @@ impl Default for AdmissionSettings {
     fn default() -> Self {
         Self {
             enabled: true,
-            initial_limit: 256,
+            initial_limit: 1024,
             min_limit: 16,
             max_limit: 4096,
             latency_target: Duration::from_millis(50),
@@ -482,15 +484,13 @@ mod tests {
         registry
             .register(Box::new(l.collector("edge").expect("collector")))
             .expect("registered");
+        // Read as a scraper reads it: the text format.
+        let text = prometheus::TextEncoder::new()
+            .encode_to_string(&registry.gather())
+            .expect("encoded");
         let value = |name: &str| {
-            registry
-                .gather()
-                .into_iter()
-                .find(|f| f.name() == name)
-                .map(|f| {
-                    let m = &f.get_metric()[0];
-                    m.get_gauge().get_value() + m.get_counter().get_value()
-                })
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
         };
         assert_eq!(value("edge_admission_limit"), Some(2.0));
         assert_eq!(value("edge_admission_in_flight"), Some(2.0));

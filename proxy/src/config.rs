@@ -125,9 +125,9 @@ impl Default for EdgeSettings {
             log_format: "text".into(),
             access_log: AccessLog::All,
             admission: voucher_admission::AdmissionSettings {
-                initial_limit: 1024,
+                initial_limit: 4096,
                 min_limit: 64,
-                max_limit: 8192,
+                max_limit: 16384,
                 latency_target: Duration::from_millis(80),
                 ..Default::default()
             },

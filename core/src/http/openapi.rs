@@ -8,8 +8,8 @@
 //!   reservation's 201, `x-served-by: edge` on the edge's own answers;
 //! - the edge's own answers, which reach clients of the public listener without a core
 //!   having seen the request: 400 `BAD_REQUEST` (a request it could not read), 413, 429
-//!   `RATE_LIMITED`, 431 `HEADERS_TOO_LARGE`, 503 (no core answered), and 403 on the
-//!   admin calls it refuses;
+//!   `RATE_LIMITED`, 431 `HEADERS_TOO_LARGE`, 503 (no core answered, or `OVERLOADED` at
+//!   its admission limit), and 403 on the admin calls it refuses;
 //! - an example body on every response.
 //!
 //! Schemathesis checks the service against this document (status codes, headers, content
@@ -42,7 +42,7 @@ const EDGE_ANSWERS: [(&str, &str); 5] = [
     ),
     (
         "503",
-        "SERVICE_UNAVAILABLE (edge): no core answered, with Retry-After",
+        "SERVICE_UNAVAILABLE (edge): no core answered; or OVERLOADED (edge, reservations): at its admission limit. With Retry-After",
     ),
 ];
 

@@ -13,7 +13,7 @@ use hyper::service::service_fn;
 use hyper::{Response, StatusCode};
 use hyper_util::rt::TokioIo;
 
-const BODY: &str = r#"{"error":"OUT_OF_STOCK","message":"the voucher has no uses left"}"#;
+pub const BODY: &str = r#"{"error":"OUT_OF_STOCK","message":"the voucher has no uses left"}"#;
 
 pub async fn serve(addr: SocketAddr) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;

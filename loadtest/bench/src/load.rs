@@ -176,6 +176,62 @@ pub async fn run(plan: Plan) -> anyhow::Result<Outcome> {
     })
 }
 
+/// The closed model: `connections` clients, each sending its next request as soon as its
+/// last was answered, for `duration`. Latency is from each send; there is no schedule to
+/// fall behind, so no late starts. Request numbers are handed out as in [`run`].
+pub async fn run_closed(
+    target: SocketAddr,
+    connections: usize,
+    duration: Duration,
+    request: RequestFn,
+) -> anyhow::Result<Outcome> {
+    let next = Arc::new(AtomicU64::new(0));
+    let cpu_before = cpu_seconds();
+    let start = Instant::now();
+    let end = start + duration;
+    let mut tasks = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        let (next, request) = (next.clone(), request.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut samples = Vec::new();
+            let mut sender = None;
+            while Instant::now() < end {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let sent = Instant::now();
+                let (method, path, body) = request(i);
+                let (status, by_edge) = match send(&mut sender, target, method, &path, body).await {
+                    Ok(answer) => answer,
+                    Err(_) => {
+                        sender = None;
+                        (0, false)
+                    }
+                };
+                samples.push(Sample {
+                    at: sent.saturating_duration_since(start),
+                    latency: sent.elapsed(),
+                    status,
+                    by_edge,
+                    index: i,
+                });
+            }
+            samples
+        }));
+    }
+    let mut samples = Vec::new();
+    for task in tasks {
+        samples.extend(task.await?);
+    }
+    let elapsed = Instant::now().saturating_duration_since(start);
+    Ok(Outcome {
+        offered: samples.len() as u64,
+        generator_cpu: (cpu_seconds() - cpu_before) / elapsed.as_secs_f64(),
+        samples,
+        late: 0,
+        planned: duration,
+        elapsed,
+    })
+}
+
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
 async fn send(

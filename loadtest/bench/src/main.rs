@@ -7,6 +7,10 @@
 //!   voucher-bench rate-limits [OUT]  only what the edge's rate limits and access log cost (RATE-LIMITS.md)
 //!   voucher-bench accept [OUT]       only the accepting ladder at a core, with the CPU of every
 //!                                    process per accept (ACCEPT.md)
+//!   voucher-bench reject [OUT]       only the edge's reject path against a bare server, a
+//!                                    minimal Pingora and nginx (REJECT.md)
+//!   voucher-bench overload [OUT]     only a core offered more than it takes, flash and
+//!                                    standard (OVERLOAD.md)
 //!   voucher-bench big-voucher [OUT]  a flash voucher of a million uses: sale, reload,
 //!                                    reconciliation, Redis's slow log (`loadtest/big-voucher.sh`)
 //!
@@ -25,6 +29,7 @@ mod ladder;
 mod latency;
 mod limits;
 mod load;
+mod overload;
 mod peak_memory;
 mod probe;
 mod reject_path;
@@ -74,6 +79,18 @@ enum Command {
     /// Only the accepting ladder of a flash voucher at a core, with the CPU every process
     /// spends per accept (ACCEPT.md).
     Accept {
+        #[arg(default_value = "reports/bench")]
+        out: PathBuf,
+    },
+    /// Only the edge's reject path against the bare server, a minimal Pingora and nginx
+    /// (REJECT.md).
+    Reject {
+        #[arg(default_value = "reports/bench")]
+        out: PathBuf,
+    },
+    /// Only a core offered more than it takes: flash and standard, open model up to 10
+    /// times the sustained rate and 1,000 connections in closed loop (OVERLOAD.md).
+    Overload {
         #[arg(default_value = "reports/bench")]
         out: PathBuf,
     },
@@ -165,6 +182,20 @@ struct BenchArgs {
         default_value = "250,500,1000,1500,2000,3000,4000"
     )]
     accept_rates: Rates,
+    /// The flash ladder of `overload`, which finds the rate to overload.
+    #[arg(
+        long,
+        env = "OVERLOAD_FLASH_RATES",
+        default_value = "4000,6000,8000,10000,12000"
+    )]
+    overload_flash_rates: Rates,
+    /// The standard ladder of `overload`.
+    #[arg(
+        long,
+        env = "OVERLOAD_STANDARD_RATES",
+        default_value = "250,500,1000,1500,2000,3000"
+    )]
+    overload_standard_rates: Rates,
     /// Calls of the gate's reserve script per state, by our client and by redis-benchmark.
     #[arg(long, env = "GATE_REQUESTS", default_value_t = 200_000)]
     gate_requests: u64,
@@ -223,6 +254,20 @@ async fn main() -> anyhow::Result<()> {
             let step = Duration::from_secs(cli.bench.step_secs);
             let mut run = Run::connect(out, &cli.stack).await?;
             run.accept_breakdown(&cli.bench.accept_rates.0, step).await
+        }
+        Some(Command::Reject { out }) => {
+            let step = Duration::from_secs(cli.bench.step_secs);
+            let mut run = Run::connect(out, &cli.stack).await?;
+            run.reject_path(&cli.bench.reject_rates.0, step).await?;
+            report::write_reject(&run)
+        }
+        Some(Command::Overload { out }) => {
+            let step = Duration::from_secs(cli.bench.step_secs);
+            let mut run = Run::connect(out, &cli.stack).await?;
+            let b = &cli.bench;
+            let (flash, standard) = (&b.overload_flash_rates.0, &b.overload_standard_rates.0);
+            run.overload(flash, standard, step, &cli.stack.decision)
+                .await
         }
         None => bench(cli.out, &cli.stack, &cli.bench).await,
     }

@@ -1,9 +1,13 @@
-//! Benchmark 2, the edge's reject path (a sold-out flag) against a bare HTTP server
-//! answering the same 409 (`bare.rs`, in a process of its own): ladders with our
-//! generator, then with wrk.
+//! Benchmark 2, the edge's reject path (a sold-out flag) against servers answering the
+//! same 409, each in a process of its own: a bare hyper server (`bare.rs`), a minimal
+//! Pingora `ProxyHttp` answering from `request_filter` (`bin/minimal-pingora.rs`: the
+//! framework's own ceiling) and nginx with one worker (the server operators know).
+//! Ladders with our generator, then wrk, for each; the rows say which part of the edge's
+//! cost is the framework and which is ours.
 
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::ladder::{best_rate, climb, reserve_plan, Step, FAST_CONNECTIONS};
@@ -12,80 +16,234 @@ use crate::report::write_steps;
 use crate::run::Run;
 use crate::wrk::wrk_rate;
 
+/// One server's reject path: its ladder and its wrk rate.
+struct Measured {
+    steps: Vec<Step>,
+    wrk: Option<f64>,
+}
+
+impl Measured {
+    fn ladder(&self) -> f64 {
+        best_rate(&self.steps)
+    }
+}
+
+/// A baseline server, started for its measurement and stopped after it.
+struct Baseline {
+    name: &'static str,
+    addr: SocketAddr,
+    child: Child,
+    /// nginx's prefix directory (config, pid, logs), removed after the run.
+    dir: Option<PathBuf>,
+}
+
+impl Drop for Baseline {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// nginx answering every request with the edge's 409 body (one worker, keep-alive, no
+/// access log), under a prefix directory of its own.
+fn nginx(addr: SocketAddr) -> anyhow::Result<Baseline> {
+    let dir = std::env::temp_dir().join(format!("voucher-bench-nginx-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("logs"))?;
+    let conf = format!(
+        "worker_processes 1;\ndaemon off;\npid {dir}/nginx.pid;\nerror_log {dir}/logs/error.log;\n\
+         events {{ worker_connections 4096; }}\n\
+         http {{\n  access_log off;\n  keepalive_requests 10000000;\n  keepalive_timeout 60s;\n\
+           client_body_temp_path {dir}/body;\n\
+           server {{\n    listen {addr};\n    location / {{\n      default_type application/json;\n\
+               return 409 '{body}';\n    }}\n  }}\n}}\n",
+        dir = dir.display(),
+        body = crate::bare::BODY,
+    );
+    let path = dir.join("nginx.conf");
+    std::fs::write(&path, conf)?;
+    let child = Command::new("nginx")
+        .arg("-p")
+        .arg(&dir)
+        .arg("-c")
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    Ok(Baseline {
+        name: "nginx",
+        addr,
+        child,
+        dir: Some(dir),
+    })
+}
+
+/// A binary of this package (`voucher-bench` itself, or one of `src/bin`).
+fn sibling(name: &str) -> anyhow::Result<PathBuf> {
+    let me = std::env::current_exe()?;
+    Ok(match name {
+        "voucher-bench" => me,
+        _ => me.with_file_name(name),
+    })
+}
+
+fn spawn(
+    name: &'static str,
+    addr: SocketAddr,
+    bin: &str,
+    args: &[&str],
+) -> anyhow::Result<Baseline> {
+    let child = Command::new(sibling(bin)?)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    Ok(Baseline {
+        name,
+        addr,
+        child,
+        dir: None,
+    })
+}
+
 impl Run {
     pub async fn reject_path(&mut self, rates: &[u64], step: Duration) -> anyhow::Result<()> {
         let (stack, run_id, edge) = (&self.stack, &self.run_id, self.edge);
-        eprintln!("edge reject path vs bare 409 server");
+        eprintln!("edge reject path vs minimal Pingora, bare 409 server and nginx");
         let code = format!("X{run_id}");
         stack.create_voucher(&code, 1, "flash").await?;
         stack.flag_sold_out(&code).await?;
-        let edge_steps = climb(rates, |rate| {
-            let code = code.clone();
-            async move {
-                let outcome =
-                    load::run(reserve_plan(edge, rate, step, &code, "x", FAST_CONNECTIONS)).await?;
-                let note = format!("{} answered by the edge", outcome.count(|s| s.by_edge));
-                Ok(Step {
-                    rate,
-                    outcome,
-                    note,
-                })
-            }
-        })
-        .await?;
+        let ours = measure(edge, rates, step, &code).await?;
         let bare_addr: SocketAddr = "127.0.0.1:18409".parse()?;
-        let mut bare = Command::new(std::env::current_exe()?)
-            .args(["bare-409", &bare_addr.to_string()])
-            .stdout(Stdio::null())
-            .spawn()?;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let bare_steps = climb(rates, |rate| {
-            let code = code.clone();
-            async move {
-                let outcome = load::run(reserve_plan(
+        let pingora_addr: SocketAddr = "127.0.0.1:18410".parse()?;
+        let nginx_addr: SocketAddr = "127.0.0.1:18411".parse()?;
+        let mut baselines = Vec::new();
+        for which in ["bare", "minimal Pingora", "nginx"] {
+            let started = match which {
+                "bare" => spawn(
+                    which,
                     bare_addr,
-                    rate,
-                    step,
-                    &code,
-                    "b",
-                    FAST_CONNECTIONS,
-                ))
-                .await?;
-                Ok(Step {
-                    rate,
-                    outcome,
-                    note: String::new(),
-                })
+                    "voucher-bench",
+                    &["bare-409", "127.0.0.1:18409"],
+                ),
+                "nginx" => nginx(nginx_addr),
+                _ => spawn(
+                    which,
+                    pingora_addr,
+                    "minimal-pingora",
+                    &["127.0.0.1:18410", "2"],
+                ),
+            };
+            let server = match started {
+                Ok(server) => server,
+                Err(e) => {
+                    eprintln!("  {which} did not start: {e:#}");
+                    continue;
+                }
+            };
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let measured = measure(server.addr, rates, step, &code).await;
+            let name = server.name;
+            drop(server);
+            baselines.push((name, measured?));
+        }
+        let find = |name: &str| baselines.iter().find(|(n, _)| *n == name).map(|(_, m)| m);
+        let ratio = |a: f64, b: f64| a / b.max(1.0);
+        let mut rows = Vec::new();
+        if let Some(bare) = find("bare") {
+            rows.push(format!(
+                "| Edge reject path (sold-out flag) vs bare HTTP server answering the same 409 (ours, both) | {:.0}/s | {:.0}/s | {:.2} | the limit for the edge on this box |",
+                ours.ladder(), bare.ladder(), ratio(ours.ladder(), bare.ladder())
+            ));
+            if let (Some(e), Some(b)) = (ours.wrk, bare.wrk) {
+                rows.push(format!(
+                    "| Edge reject path vs bare 409 server, closed loop, 64 connections (wrk) | {e:.0}/s | {b:.0}/s | {:.2} | wrk -t1 -c64 -d5s; every answer a 409 |",
+                    ratio(e, b)
+                ));
             }
-        })
-        .await;
-        // The same comparison with wrk (a C generator, closed loop), which offers more load on
-        // two shared cores than an open-model generator can.
-        let wrk_edge = wrk_rate(edge, &code).await;
-        let wrk_bare = wrk_rate(bare_addr, &code).await;
-        let _ = bare.kill();
-        let _ = bare.wait();
-        let bare_steps = bare_steps?;
-        if let (Some(e), Some(b)) = (wrk_edge, wrk_bare) {
-            self.table.push(format!(
-                "| Edge reject path vs bare 409 server, closed loop, 64 connections (wrk) | {e:.0}/s | {b:.0}/s | {:.2} | wrk -t1 -c64 -d5s; every answer a 409 |",
-                e / b.max(1.0)
+        }
+        for (name, what) in [
+            (
+                "minimal Pingora",
+                "a minimal Pingora ProxyHttp answering from request_filter (2 threads, mimalloc)",
+            ),
+            ("nginx", "nginx, one worker, `return 409`"),
+        ] {
+            let Some(m) = find(name) else { continue };
+            rows.push(format!(
+                "| Edge reject path vs {what} (ours) | {:.0}/s | {:.0}/s | {:.2} | |",
+                ours.ladder(),
+                m.ladder(),
+                ratio(ours.ladder(), m.ladder())
+            ));
+            if let (Some(e), Some(b)) = (ours.wrk, m.wrk) {
+                rows.push(format!(
+                    "| Edge reject path vs {what} (wrk) | {e:.0}/s | {b:.0}/s | {:.2} | wrk -t1 -c64 -d5s |",
+                    ratio(e, b)
+                ));
+            }
+        }
+        if let (Some(p), Some(b)) = (find("minimal Pingora"), find("bare")) {
+            rows.push(format!(
+                "| Minimal Pingora vs bare 409 server: the framework's ceiling (ours / wrk) | {:.0}/s / {} | {:.0}/s / {} | {:.2} / {} | |",
+                p.ladder(),
+                p.wrk.map_or("-".into(), |w| format!("{w:.0}/s")),
+                b.ladder(),
+                b.wrk.map_or("-".into(), |w| format!("{w:.0}/s")),
+                ratio(p.ladder(), b.ladder()),
+                match (p.wrk, b.wrk) {
+                    (Some(p), Some(b)) => format!("{:.2}", ratio(p, b)),
+                    _ => "-".into(),
+                },
             ));
         }
-        self.table.push(format!(
-            "| Edge reject path (sold-out flag) vs bare HTTP server answering the same 409 (ours, both) | {:.0}/s | {:.0}/s | {:.2} | the limit for the edge on this box |",
-            best_rate(&edge_steps), best_rate(&bare_steps), best_rate(&edge_steps) / best_rate(&bare_steps).max(1.0)
-        ));
+        self.table.extend(rows);
         write_steps(
             &mut self.report,
             "Edge reject path ladder (ours)",
-            &edge_steps,
+            &ours.steps,
         );
-        write_steps(
-            &mut self.report,
-            "Bare 409 server ladder (ours)",
-            &bare_steps,
-        );
+        for (name, m) in &baselines {
+            write_steps(
+                &mut self.report,
+                &format!("{name} 409 server ladder (ours)"),
+                &m.steps,
+            );
+        }
         Ok(())
     }
+}
+
+/// The open-model ladder of sold-out reservations at `target`, then wrk.
+async fn measure(
+    target: SocketAddr,
+    rates: &[u64],
+    step: Duration,
+    code: &str,
+) -> anyhow::Result<Measured> {
+    let steps = climb(rates, |rate| {
+        let code = code.to_owned();
+        async move {
+            let outcome = load::run(reserve_plan(
+                target,
+                rate,
+                step,
+                &code,
+                "x",
+                FAST_CONNECTIONS,
+            ))
+            .await?;
+            let note = format!("{} answered 409", outcome.count(|s| s.status == 409));
+            Ok(Step {
+                rate,
+                outcome,
+                note,
+            })
+        }
+    })
+    .await?;
+    let wrk = wrk_rate(target, code).await;
+    Ok(Measured { steps, wrk })
 }

@@ -82,9 +82,37 @@ pub fn write_report(run: &Run, decision: &str, step: Duration) -> anyhow::Result
 /// RATE-LIMITS.md: the rows of [`Run::rate_limit_cost`] and [`Run::access_log_cost`]
 /// alone, with how they were made.
 pub fn write_rate_limits(run: &Run) -> anyhow::Result<()> {
-    let mut md = String::from("# What the edge's rate limits and access log cost\n\n");
+    write_table(
+        run,
+        "RATE-LIMITS.md",
+        "What the edge's rate limits and access log cost",
+        "BENCH_ONLY=rate-limits ./loadtest/bench.sh",
+        "",
+    )
+}
+
+/// The REJECT.md of `reject`: the edge's reject path against the servers that bound it.
+pub fn write_reject(run: &Run) -> anyhow::Result<()> {
+    write_table(
+        run,
+        "REJECT.md",
+        "The edge's reject path against the framework's and other servers' ceilings",
+        "BENCH_ONLY=reject ./loadtest/bench.sh",
+        &run.report,
+    )
+}
+
+/// A report of `run`'s table, with how it was run, and `more` below it.
+fn write_table(
+    run: &Run,
+    file: &str,
+    title: &str,
+    command: &str,
+    more: &str,
+) -> anyhow::Result<()> {
+    let mut md = format!("# {title}\n\n");
     md.push_str(&format!(
-        "- when: {}\n- machine: {}\n- command: `BENCH_ONLY=rate-limits ./loadtest/bench.sh`\n\
+        "- when: {}\n- machine: {}\n- command: `{command}`\n\
          - each edge: the release binary with `config/edge.yaml`; wrk from the same 2 shared cores\n\n",
         chrono::Utc::now().to_rfc3339(),
         probe::machine()
@@ -94,7 +122,8 @@ pub fn write_rate_limits(run: &Run) -> anyhow::Result<()> {
         md.push_str(row);
         md.push('\n');
     }
-    std::fs::write(run.out.join("RATE-LIMITS.md"), &md)?;
+    md.push_str(more);
+    std::fs::write(run.out.join(file), &md)?;
     println!("{md}");
     Ok(())
 }

@@ -1,0 +1,68 @@
+//! The framework's own ceiling on the reject path: a Pingora `ProxyHttp` whose
+//! `request_filter` reads the request body and answers the same 409 as the edge's sold-out
+//! flag, and does nothing else (no routing, no flags, no metrics, no log line). Built with
+//! the edge's allocator (mimalloc) and run with its thread count, so that the benchmark's
+//! rows edge / minimal Pingora / bare server / nginx say which part of the edge's cost is
+//! Pingora and which is ours.
+//!
+//!   minimal-pingora ADDR [THREADS]
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::prelude::{HttpPeer, ProxyHttp, Session};
+use pingora::server::configuration::ServerConf;
+use pingora::server::Server;
+use pingora::{Error, ErrorType, Result};
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const BODY: &[u8] = br#"{"error":"OUT_OF_STOCK","message":"the voucher has no uses left"}"#;
+
+struct Reject;
+
+#[async_trait]
+impl ProxyHttp for Reject {
+    type CTX = ();
+
+    fn new_ctx(&self) {}
+
+    async fn request_filter(&self, session: &mut Session, _ctx: &mut ()) -> Result<bool> {
+        while session.read_request_body().await?.is_some() {}
+        let mut header = ResponseHeader::build(409, Some(3))?;
+        header.insert_header("content-type", "application/json")?;
+        header.insert_header("content-length", BODY.len().to_string())?;
+        header.insert_header("x-served-by", "edge")?;
+        session.set_keepalive(Some(60));
+        session
+            .write_response_header(Box::new(header), false)
+            .await?;
+        session
+            .write_response_body(Some(Bytes::from_static(BODY)), true)
+            .await?;
+        Ok(true)
+    }
+
+    async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut ()) -> Result<Box<HttpPeer>> {
+        Err(Error::explain(ErrorType::HTTPStatus(503), "never forwards"))
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let addr = args
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("usage: minimal-pingora ADDR [THREADS]"))?;
+    let threads = args.next().map_or(Ok(2), |t| t.parse())?;
+    let conf = ServerConf {
+        threads,
+        ..ServerConf::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(None, conf);
+    server.bootstrap();
+    let mut proxy = pingora::proxy::http_proxy_service(&server.configuration, Reject);
+    proxy.add_tcp(&addr);
+    server.add_service(proxy);
+    server.run_forever()
+}

@@ -1,0 +1,210 @@
+//! `voucher-bench overload`: a core offered more than it takes. For each mode (flash, then
+//! standard) on one hot voucher at one core: the accepting ladder first, which finds the
+//! rate the path sustains in this run; then open-model steps at 2, 4 and 10 times that
+//! rate (stopping early once the generator itself falls behind: more than 1% late starts),
+//! and a closed-model step of 1,000 connections each sending as soon as it was answered.
+//! Each step has its voucher of its own, and every 201 of the run is checked against
+//! PostgreSQL and the gate at the end. Written to OVERLOAD.md, its section "Overload".
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::invariants::remember_accepted;
+use crate::ladder::{best, climb, reserve_plan, Step, SALE_CONNECTIONS};
+use crate::load::{self, Outcome};
+use crate::probe;
+use crate::report::fmt_ms;
+use crate::run::Run;
+
+/// Multiples of the sustained rate offered beyond it.
+const FACTORS: [u64; 3] = [2, 4, 10];
+/// Connections of the closed-model step.
+const CLOSED_CONNECTIONS: usize = 1000;
+
+/// One step past the limit, summarised.
+struct Row {
+    mode: &'static str,
+    offered: String,
+    outcome: Outcome,
+    /// The accepted rate this step must keep: 0.9 of the mode's sustained rate.
+    floor: f64,
+}
+
+impl Row {
+    fn accepted_rate(&self) -> f64 {
+        self.outcome.count(|s| s.status == 201) as f64 / self.outcome.elapsed.as_secs_f64()
+    }
+
+    fn line(&self) -> String {
+        let o = &self.outcome;
+        let answered = o.completed().max(1) as f64;
+        let p99 = o.percentile(99.0, |s| s.status != 0);
+        let holds = p99.is_some_and(|p| p < 100.0) && self.accepted_rate() >= self.floor;
+        format!(
+            "| {} | {} | {:.0} | {:.0} | {:.1}% | {} | {} | {} | {:.1}% | {} | {} |",
+            self.mode,
+            self.offered,
+            o.achieved_rate(),
+            self.accepted_rate(),
+            100.0 * o.count(|s| s.status == 503) as f64 / answered,
+            fmt_ms(o.percentile(50.0, |s| s.status != 0)),
+            fmt_ms(p99),
+            fmt_ms(o.percentile(99.0, |s| s.status == 201)),
+            100.0 * o.late as f64 / o.offered.max(1) as f64,
+            o.errors(),
+            if holds { "yes" } else { "no" },
+        )
+    }
+}
+
+impl Run {
+    pub async fn overload(
+        &mut self,
+        flash_rates: &[u64],
+        standard_rates: &[u64],
+        step: Duration,
+        decision: &str,
+    ) -> anyhow::Result<()> {
+        let mut ladders = Vec::new();
+        let mut rows = Vec::new();
+        for (mode, rates) in [("flash", flash_rates), ("standard", standard_rates)] {
+            eprintln!("overload, {mode} mode: the sustained rate first");
+            let mut n = 0;
+            let steps = climb(rates, |rate| {
+                n += 1;
+                let code = format!("O{}{}L{n}", &mode[..1], self.run_id);
+                self.open_step(code, mode, rate, step)
+            })
+            .await?;
+            let Some(sustained) = best(&steps).map(|s| (s.rate, s.outcome.achieved_rate())) else {
+                anyhow::bail!("no step of the {mode} ladder was sustained: nothing to overload");
+            };
+            ladders.push((mode, steps));
+            let (base_rate, base_achieved) = sustained;
+            let floor = 0.9 * base_achieved;
+            for (k, factor) in FACTORS.iter().enumerate() {
+                let rate = base_rate * factor;
+                let code = format!("O{}{}X{k}", &mode[..1], self.run_id);
+                let s = self.open_step(code, mode, rate, step).await?;
+                eprintln!("  {rate}/s: {}", s.line());
+                let late = s.outcome.late as f64 > 0.01 * s.outcome.offered as f64;
+                rows.push(Row {
+                    mode,
+                    offered: format!("{rate}/s ({factor}x)"),
+                    outcome: s.outcome,
+                    floor,
+                });
+                // The generator's own ceiling: a higher rate would measure the generator.
+                if late {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            let code = format!("O{}{}C", &mode[..1], self.run_id);
+            self.stack.create_voucher(&code, 10_000_000, mode).await?;
+            let plan = reserve_plan(self.core, 1, step, &code, "o", CLOSED_CONNECTIONS);
+            let outcome =
+                load::run_closed(self.core, CLOSED_CONNECTIONS, step, plan.request).await?;
+            remember_accepted(&self.accepted, &code, "o", &outcome);
+            rows.push(Row {
+                mode,
+                offered: format!("closed, {CLOSED_CONNECTIONS} connections"),
+                outcome,
+                floor,
+            });
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        self.invariants().await?;
+        self.write_overload(step, decision, &ladders, &rows)
+    }
+
+    /// One open-model step of reservations of a new voucher `code`, at `rate`.
+    async fn open_step(
+        &self,
+        code: String,
+        mode: &str,
+        rate: u64,
+        step: Duration,
+    ) -> anyhow::Result<Step> {
+        self.stack.create_voucher(&code, 10_000_000, mode).await?;
+        let outcome = load::run(reserve_plan(
+            self.core,
+            rate,
+            step,
+            &code,
+            "o",
+            SALE_CONNECTIONS,
+        ))
+        .await?;
+        remember_accepted(&self.accepted, &code, "o", &outcome);
+        let note = format!(
+            "{} accepted, {} answered 503",
+            outcome.count(|s| s.status == 201),
+            outcome.count(|s| s.status == 503)
+        );
+        Ok(Step {
+            rate,
+            outcome,
+            note,
+        })
+    }
+
+    fn write_overload(
+        &self,
+        step: Duration,
+        decision: &str,
+        ladders: &[(&str, Vec<Step>)],
+        rows: &[Row],
+    ) -> anyhow::Result<()> {
+        let mut md = String::from("# Overload\n\n");
+        writeln!(md, "- when: {}", chrono::Utc::now().to_rfc3339())?;
+        writeln!(md, "- machine: {}", probe::machine())?;
+        writeln!(
+            md,
+            "- command: `BENCH_ONLY=overload ./loadtest/bench.sh` ({} s steps; flash rates \
+             `OVERLOAD_FLASH_RATES`, standard `OVERLOAD_STANDARD_RATES`)",
+            step.as_secs()
+        )?;
+        writeln!(
+            md,
+            "- the cores: release binaries with `config/core.toml` and its `[admission]` \
+             defaults, `flash.decision` = {}; the load goes to one core, straight (no edge)",
+            decision
+        )?;
+        writeln!(
+            md,
+            "- method: per mode, the accepting ladder finds the sustained rate (open model, \
+             p99 < 100 ms, at most 0.1% 503s); then open-model steps at 2, 4 and 10 times its \
+             offered rate, stopped after the first whose late starts pass 1% (the generator's \
+             own ceiling on these 2 shared cores); then {CLOSED_CONNECTIONS} connections in \
+             closed loop. A new voucher of 10,000,000 uses per step, so no step sells out. \
+             \"Holds\": p99 of all answers under 100 ms and accepted uses per second at least \
+             0.9 of the sustained rate. Latency is from the scheduled send (open model) or \
+             the send (closed model).\n"
+        )?;
+        writeln!(md, "## Past the limit\n")?;
+        writeln!(
+            md,
+            "| mode | offered | answered/s | accepted/s | 503 | p50 | p99 all | p99 of 201s | late starts | errors | holds |"
+        )?;
+        writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|")?;
+        for row in rows {
+            writeln!(md, "{}", row.line())?;
+        }
+        for (mode, steps) in ladders {
+            let title = format!("The sustained rate, {mode} mode, at a core");
+            crate::report::write_steps(&mut md, &title, steps);
+        }
+        writeln!(md, "\n## Invariants\n")?;
+        writeln!(
+            md,
+            "| measure | result | | | notes |\n|---|---|---|---|---|"
+        )?;
+        for row in &self.table {
+            writeln!(md, "{row}")?;
+        }
+        std::fs::write(self.out.join("OVERLOAD.md"), &md)?;
+        println!("{md}");
+        Ok(())
+    }
+}
