@@ -64,6 +64,20 @@ impl Edge {
             return;
         };
         self.metrics.flags_set.inc();
+        self.fetch_filter(code, id, false);
+    }
+
+    /// Renews `code`'s flag when it is due (see `sold_out`): called when the flag answered.
+    pub(crate) fn renew_flag(&self, code: &str) {
+        if let Some(id) = self.sold_out.renewal(code) {
+            self.fetch_filter(code, id, true);
+        }
+    }
+
+    /// Fetches `code`'s order filter from a core for flag `id` and stores it. A flag being
+    /// renewed keeps answering meanwhile, and a failed renewal leaves it to its TTL; a new
+    /// flag whose fetch failed is dropped.
+    fn fetch_filter(&self, code: &str, id: u64, renewal: bool) {
         let (cache, http, token) = (
             self.sold_out.clone(),
             self.http.clone(),
@@ -92,6 +106,10 @@ impl Edge {
                     } else {
                         "dropped"
                     }
+                }
+                Err(e) if renewal => {
+                    tracing::warn!(%code, error = %e, "order filter not fetched; the flag ends with its TTL");
+                    "failed"
                 }
                 Err(e) => {
                     tracing::warn!(%code, error = %e, "order filter not fetched; not answering for this voucher");

@@ -211,6 +211,9 @@ impl Edge {
             return Ok(Some(OwnAnswer::RateLimited(by)));
         }
         let sold_out = self.sold_out.verdict(&code, Some(&reserve.order_id)) == Verdict::SoldOut;
+        if sold_out {
+            self.renew_flag(&code);
+        }
         ctx.code = Some(code);
         if sold_out {
             return Ok(Some(OwnAnswer::SoldOut));

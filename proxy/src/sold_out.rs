@@ -12,13 +12,21 @@
 //! never stored); without the announcement (no Redis, a lost message) the flag ends with
 //! its TTL.
 //!
+//! A flag in use is renewed before it ends: past half its TTL, the next answer it gives
+//! starts a fetch of a new filter, and the flag goes on answering from its own until that
+//! one is stored (a fresh TTL), or the fetch finds uses left (the flag is dropped), or its
+//! TTL runs out. A flag that simply lapsed sent every request to the cores until its
+//! successor's filter arrived: at 10,000 requests a second, a burst of some hundreds every
+//! TTL, which failed the edge's reject ladder (`reports/bench/REJECT.md`). Every answer is
+//! still given from a filter read at most a TTL (and a fetch) ago, as before.
+//!
 //! Keys are voucher codes as the core reads them (percent-decoded and valid), so one
 //! voucher has one flag. One fetch per voucher at a time, and at most one per
 //! `fetch_interval`, whatever clients send.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use moka::ops::compute::Op;
 use moka::sync::Cache;
@@ -30,8 +38,12 @@ pub enum Flag {
     /// Sold out, order filter being fetched: forward everything meanwhile.
     Pending { id: u64 },
     /// Sold out; orderIds the filter may contain have reservations (or are one of its
-    /// false positives) and are forwarded.
-    Ready { orders: Arc<OrderFilter> },
+    /// false positives) and are forwarded. `id` names this flag for its renewal.
+    Ready {
+        id: u64,
+        orders: Arc<OrderFilter>,
+        stored: Instant,
+    },
 }
 
 /// The edge's decision for one reservation request.
@@ -47,6 +59,8 @@ pub struct SoldOutCache {
     /// Vouchers whose filter was fetched less than `fetch_interval` ago: no new flag yet.
     fetched: Cache<String, ()>,
     next_id: Arc<AtomicU64>,
+    /// A flag older than this is renewed by its next answer: half its TTL.
+    renew_after: Duration,
 }
 
 impl SoldOutCache {
@@ -61,13 +75,14 @@ impl SoldOutCache {
                 .max_capacity(capacity)
                 .build(),
             next_id: Arc::new(AtomicU64::new(1)),
+            renew_after: ttl / 2,
         }
     }
 
     /// What to do with a reservation of `order_id` (when it could be read) for `code`.
     pub fn verdict(&self, code: &str, order_id: Option<&str>) -> Verdict {
         match (self.flags.get(code), order_id) {
-            (Some(Flag::Ready { orders }), Some(order)) if !orders.may_contain(order) => {
+            (Some(Flag::Ready { orders, .. }), Some(order)) if !orders.may_contain(order) => {
                 Verdict::SoldOut
             }
             _ => Verdict::Forward,
@@ -97,16 +112,41 @@ impl SoldOutCache {
     }
 
     /// Stores the filter fetched for flag `id`, unless the flag was dropped or replaced
-    /// meanwhile (a use was given back while it was being fetched).
+    /// meanwhile (a use was given back while it was being fetched). For a renewal, `id` is
+    /// the ready flag's own, which goes on answering until this replaces it.
     pub fn complete(&self, code: &str, id: u64, orders: OrderFilter) -> bool {
         let orders = Arc::new(orders);
-        let result = self.flags.entry(code.to_owned()).and_compute_with(|existing| match existing {
-            Some(entry) if matches!(entry.value(), Flag::Pending { id: current } if *current == id) => {
-                Op::Put(Flag::Ready { orders: orders.clone() })
-            }
-            _ => Op::Nop,
-        });
+        let result =
+            self.flags
+                .entry(code.to_owned())
+                .and_compute_with(|existing| match existing {
+                    Some(entry) if flag_id(entry.value()) == id => Op::Put(Flag::Ready {
+                        id: self.next_id.fetch_add(1, Ordering::Relaxed),
+                        orders: orders.clone(),
+                        stored: Instant::now(),
+                    }),
+                    _ => Op::Nop,
+                });
         matches!(result, moka::ops::compute::CompResult::ReplacedWith(_))
+    }
+
+    /// The id of `code`'s ready flag when it is due for renewal (older than half its TTL)
+    /// and no fetch for the voucher ran within `fetch_interval`; the caller fetches a new
+    /// filter and stores it with [`SoldOutCache::complete`] under that id. `None`: no fetch.
+    pub fn renewal(&self, code: &str) -> Option<u64> {
+        let Some(Flag::Ready { id, stored, .. }) = self.flags.get(code) else {
+            return None;
+        };
+        if stored.elapsed() < self.renew_after || self.fetched.contains_key(code) {
+            return None;
+        }
+        // Single flight: the first caller past the check claims the interval.
+        let claimed = self
+            .fetched
+            .entry(code.to_owned())
+            .or_insert_with_if(|| (), |_| false)
+            .is_fresh();
+        claimed.then_some(id)
     }
 
     /// Drops the flag of `code` (fetch failed, or a use was given back).
@@ -120,12 +160,15 @@ impl SoldOutCache {
         self.flags.invalidate_all();
     }
 
-    /// Drops flag `id` only (a failed fetch must not drop a newer flag).
+    /// Drops flag `id` only (a failed fetch must not drop a newer flag; a renewal that
+    /// found uses left drops the flag it renewed).
     pub fn abandon(&self, code: &str, id: u64) {
-        self.flags.entry(code.to_owned()).and_compute_with(|existing| match existing {
-            Some(entry) if matches!(entry.value(), Flag::Pending { id: current } if *current == id) => Op::Remove,
-            _ => Op::Nop,
-        });
+        self.flags
+            .entry(code.to_owned())
+            .and_compute_with(|existing| match existing {
+                Some(entry) if flag_id(entry.value()) == id => Op::Remove,
+                _ => Op::Nop,
+            });
     }
 
     pub fn len(&self) -> u64 {
@@ -135,6 +178,12 @@ impl SoldOutCache {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+fn flag_id(flag: &Flag) -> u64 {
+    match flag {
+        Flag::Pending { id } | Flag::Ready { id, .. } => *id,
     }
 }
 
@@ -207,6 +256,54 @@ mod tests {
         c.complete("V", id, filter(&[]));
         assert_eq!(c.verdict("V", Some("o9")), Verdict::SoldOut);
         std::thread::sleep(Duration::from_millis(60));
+        assert_eq!(c.verdict("V", Some("o9")), Verdict::Forward);
+    }
+
+    #[test]
+    fn a_flag_past_half_its_ttl_is_renewed_and_answers_until_the_new_filter_replaces_it() {
+        // Sleeps only ever overrun: each check has 0.8 s of margin against its deadline.
+        let c = SoldOutCache::new(Duration::from_secs(2), Duration::from_millis(1), 100);
+        let id = c.begin("V").expect("flag");
+        assert!(c.complete("V", id, filter(&["o1"])));
+        assert!(c.renewal("V").is_none(), "young flags are not renewed");
+        std::thread::sleep(Duration::from_millis(1200));
+        let ready = c.renewal("V").expect("due past half the TTL");
+        assert!(c.renewal("V").is_none(), "one renewal at a time");
+        assert_eq!(
+            c.verdict("V", Some("o9")),
+            Verdict::SoldOut,
+            "answers meanwhile"
+        );
+        assert!(c.complete("V", ready, filter(&["o1", "o2"])));
+        assert_eq!(
+            c.verdict("V", Some("o2")),
+            Verdict::Forward,
+            "the new filter answers"
+        );
+        std::thread::sleep(Duration::from_millis(1200));
+        assert_eq!(
+            c.verdict("V", Some("o9")),
+            Verdict::SoldOut,
+            "the renewed flag has a TTL of its own: past the first one's, it holds"
+        );
+    }
+
+    #[test]
+    fn a_renewal_finding_uses_left_or_racing_a_give_back_leaves_no_flag() {
+        let c = SoldOutCache::new(Duration::from_secs(2), Duration::from_millis(1), 100);
+        let id = c.begin("V").expect("flag");
+        c.complete("V", id, filter(&[]));
+        std::thread::sleep(Duration::from_millis(1200));
+        let ready = c.renewal("V").expect("due");
+        c.abandon("V", ready); // the fetched filter had uses left
+        assert_eq!(c.verdict("V", Some("o9")), Verdict::Forward);
+        after_interval();
+        let id = c.begin("V").expect("a new flag");
+        c.complete("V", id, filter(&[]));
+        std::thread::sleep(Duration::from_millis(1200));
+        let ready = c.renewal("V").expect("due");
+        c.clear("V"); // a use given back while the renewal was fetched
+        assert!(!c.complete("V", ready, filter(&[])), "never stored");
         assert_eq!(c.verdict("V", Some("o9")), Verdict::Forward);
     }
 
