@@ -13,8 +13,10 @@
 //! `latency_target`; a window in which more than one request in ten took longer than
 //! `latency_target` (its 90th percentile is over the target) multiplies the limit by 0.9;
 //! a window within the target whose busiest moment used at least 0.8 of the limit adds the
-//! square root of the limit. So the limit grows while more concurrency still comes back
-//! fast (the recorder's batches grow with it) and shrinks when it only adds queueing.
+//! square root of the limit; one within the target that did not need the limit doubles it
+//! back toward `initial_limit`, where the next burst should meet it. So the limit grows
+//! while more concurrency still comes back fast (the recorder's batches grow with it),
+//! shrinks when it only adds queueing, and rests at its start when the load has passed.
 //!
 //! Written here rather than taken from a crate: the crates that exist decide overload per
 //! request (one slow request in a window cuts the limit, and at 10,000 requests a second
@@ -232,6 +234,12 @@ impl Shared {
             w.limit = (w.limit * DECREASE).max(min);
         } else if peak as f64 >= BUSY_SHARE * w.limit.floor() {
             w.limit = (w.limit + w.limit.sqrt()).min(max);
+        } else if w.limit < self.settings.initial_limit as f64 {
+            // Fast, and the limit not needed: nothing says the process is overloaded any
+            // more, so the limit goes back to where the next burst should meet it. (Growing
+            // only with demand, a limit cut by one overload met the next sale's opening at
+            // 16 and refused it for seconds while it grew.)
+            w.limit = (w.limit * 2.0).min(self.settings.initial_limit as f64);
         }
         self.limit.store(w.limit as usize, Ordering::Release);
         w.started = now;
@@ -441,6 +449,25 @@ mod tests {
             Duration::from_millis(80),
         );
         assert_eq!(l.limit(), 90);
+    }
+
+    #[test]
+    fn once_answers_are_fast_and_the_limit_unneeded_it_returns_to_its_start() {
+        let l = limiter(64, 2, 1000);
+        let mut t = l.shared.window.lock().expect("lock").started;
+        for _ in 0..40 {
+            t += Duration::from_millis(60);
+            finish(&l, t, 20, Duration::from_secs(1));
+        }
+        assert_eq!(l.limit(), 2, "an overload cut it to its minimum");
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            t += Duration::from_millis(60);
+            finish(&l, t, 20, Duration::from_millis(1));
+            seen.push(l.limit());
+        }
+        // The first window still holds the last slow answers; then it doubles, up to its start.
+        assert_eq!(seen, [2, 4, 8, 16, 32, 64], "doubling back, no further than the start");
     }
 
     #[test]
