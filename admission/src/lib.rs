@@ -5,8 +5,9 @@
 //! runtime, in its Redis connection, in the recorder's batch queue. Every request then
 //! waits behind the queue, and the latency of all of them grows without bound while the
 //! throughput does not grow at all. A [`Limiter`] bounds the requests in flight instead;
-//! one over the limit is refused at once (the edge and the core answer it `503 OVERLOADED`
-//! with `Retry-After`), before it has done anything, so the client's retry is safe.
+//! one over the limit waits at most `queue_timeout` (50 ms) for a place and is then refused
+//! (the edge and the core answer it `503 OVERLOADED` with `Retry-After`), before anything
+//! was done for it, so the client's retry is safe.
 //!
 //! The limit adapts to measured latency, in the manner of TCP's congestion control and of
 //! the adaptive concurrency limiters of service meshes: time is cut into windows of
@@ -61,6 +62,12 @@ pub struct AdmissionSettings {
     /// The latency the limit keeps the 90th percentile under, and the window length.
     #[serde(with = "humantime_serde")]
     pub latency_target: Duration,
+    /// How long a request over the limit waits for a place before it is refused (0: refused
+    /// at once). Clients that send again as soon as they are answered otherwise spend the
+    /// machine on refusals: 1,000 such connections at a core took 96% of both cores for
+    /// 28,000 refusals a second while accepts fell to 993/s (`reports/bench/OVERLOAD.md`).
+    #[serde(with = "humantime_serde")]
+    pub queue_timeout: Duration,
 }
 
 impl Default for AdmissionSettings {
@@ -71,6 +78,7 @@ impl Default for AdmissionSettings {
             min_limit: 16,
             max_limit: 4096,
             latency_target: Duration::from_millis(50),
+            queue_timeout: Duration::from_millis(50),
         }
     }
 }
@@ -112,6 +120,8 @@ struct Shared {
     peak: AtomicUsize,
     refused: AtomicU64,
     window: Mutex<Window>,
+    /// Wakes a request waiting for a place when one is given back.
+    released: tokio::sync::Notify,
 }
 
 #[derive(Debug)]
@@ -147,13 +157,47 @@ impl Limiter {
                     slow: 0,
                     limit: initial as f64,
                 }),
+                released: tokio::sync::Notify::new(),
                 settings,
             }),
         }
     }
 
-    /// A permit, or `None` when the limit is reached: the caller refuses the request at once.
+    /// A permit, waiting up to `queue_timeout` for one when the limit is reached (places
+    /// are handed out in the order requests began to wait); `None`: refuse the request.
+    /// The latency a permit measures starts when it is granted: waiting here is the
+    /// limit's doing, not a sign of the downstream's congestion.
+    pub async fn acquire(&self) -> Option<Permit> {
+        if let Some(permit) = self.admit() {
+            return Some(permit);
+        }
+        let deadline = tokio::time::Instant::now() + self.shared.settings.queue_timeout;
+        loop {
+            let released = self.shared.released.notified();
+            tokio::pin!(released);
+            // Registered before trying again, so a place given back in between wakes it.
+            released.as_mut().enable();
+            if let Some(permit) = self.admit() {
+                return Some(permit);
+            }
+            if tokio::time::timeout_at(deadline, released).await.is_err() {
+                self.shared.refused.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+        }
+    }
+
+    /// A permit at once, or `None` when the limit is reached: the caller refuses the request.
     pub fn try_acquire(&self) -> Option<Permit> {
+        let permit = self.admit();
+        if permit.is_none() {
+            self.shared.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        permit
+    }
+
+    /// A place if one is free now.
+    fn admit(&self) -> Option<Permit> {
         let s = &self.shared;
         let now_in_flight = s.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
         // Each acquire sees its own count, so in flight never stays above the limit; when
@@ -162,7 +206,6 @@ impl Limiter {
             s.in_flight.fetch_sub(1, Ordering::AcqRel);
             // Demand reached the limit: the window counts as busy.
             s.peak.fetch_max(now_in_flight, Ordering::AcqRel);
-            s.refused.fetch_add(1, Ordering::Relaxed);
             return None;
         }
         s.peak.fetch_max(now_in_flight, Ordering::AcqRel);
@@ -203,7 +246,7 @@ impl Limiter {
             in_flight: gauge("in_flight", "Requests admitted and not finished")?,
             refused: IntCounter::with_opts(Opts::new(
                 format!("{prefix}_admission_refused_total"),
-                "Requests refused at once because the admission limit was reached (503 OVERLOADED)",
+                "Requests refused at the admission limit, after at most queue_timeout (503 OVERLOADED)",
             ))?,
         })
     }
@@ -259,6 +302,7 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.shared.released.notify_one();
     }
 }
 
@@ -312,7 +356,44 @@ mod tests {
             min_limit: min,
             max_limit: max,
             latency_target: Duration::from_millis(50),
+            queue_timeout: Duration::from_secs(30),
         })
+    }
+
+    #[tokio::test]
+    async fn a_request_over_the_limit_waits_for_the_next_place_given_back() {
+        let l = limiter(1, 1, 1);
+        let held = l.try_acquire().expect("the one place");
+        let waiting = tokio::spawn({
+            let l = l.clone();
+            async move { l.acquire().await.is_some() }
+        });
+        tokio::task::yield_now().await;
+        drop(held);
+        assert!(
+            waiting.await.expect("waiter"),
+            "the place went to the waiting request"
+        );
+        assert_eq!(l.refused(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_waits_no_longer_than_the_queue_timeout() {
+        let l = Limiter::new(AdmissionSettings {
+            initial_limit: 1,
+            min_limit: 1,
+            queue_timeout: Duration::from_millis(50),
+            ..AdmissionSettings::default()
+        });
+        let _held = l.try_acquire().expect("the one place");
+        let started = tokio::time::Instant::now();
+        assert!(l.acquire().await.is_none());
+        assert_eq!(
+            started.elapsed(),
+            Duration::from_millis(50),
+            "the paused clock's own time"
+        );
+        assert_eq!(l.refused(), 1);
     }
 
     /// `n` requests of `latency` finishing at `at`.
@@ -467,7 +548,11 @@ mod tests {
             seen.push(l.limit());
         }
         // The first window still holds the last slow answers; then it doubles, up to its start.
-        assert_eq!(seen, [2, 4, 8, 16, 32, 64], "doubling back, no further than the start");
+        assert_eq!(
+            seen,
+            [2, 4, 8, 16, 32, 64],
+            "doubling back, no further than the start"
+        );
     }
 
     #[test]

@@ -220,7 +220,7 @@ impl Edge {
         }
         // Last: only a reservation that goes to a core takes a place (the edge's own
         // answers cost the cores nothing), and one refused here has not reached a core.
-        ctx.admitted = self.admission.try_acquire();
+        ctx.admitted = self.admission.acquire().await;
         Ok(ctx.admitted.is_none().then_some(OwnAnswer::Overloaded))
     }
 

@@ -116,10 +116,12 @@ pub async fn reserve(
 ) -> Result<Response> {
     let request = parse_reserve(body, code)?;
     // After the checks of the request (a bad one is answered 4xx whatever the load), before
-    // anything touches the gate or the database: a refused request took nothing.
+    // anything touches the gate or the database: a refused request took nothing. Over the
+    // limit it waits up to `admission.queue_timeout` for a place.
     let permit = state
         .admission
-        .try_acquire()
+        .acquire()
+        .await
         .ok_or(crate::Error::Overloaded)?;
     let outcome = state.service.reserve(&request).await;
     permit.complete();

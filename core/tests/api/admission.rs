@@ -1,5 +1,5 @@
-//! Admission: a core at its limit of reservations in flight refuses the next one at once
-//! with 503 OVERLOADED, having done nothing for it, and its limit shrinks after a window
+//! Admission: a core at its limit of reservations in flight refuses the next one, after its
+//! queue timeout, with 503 OVERLOADED, having done nothing for it, and its limit shrinks after a window
 //! of answers slower than the latency target. The requests are held in flight by a lock on
 //! the voucher's row, so what is in flight, and for how long, is the test's to decide.
 
@@ -79,7 +79,7 @@ async fn held_reservations(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn at_its_limit_a_core_refuses_the_next_reservation_at_once_and_takes_nothing_for_it() {
+async fn at_its_limit_a_core_refuses_the_next_reservation_and_takes_nothing_for_it() {
     let env = core_admitting(2, 2, 2).await;
     env.app.given_voucher(voucher_body("HOT", 10, 1)).await;
     let blocker = lock_voucher_row(&env, "HOT").await;
@@ -92,7 +92,7 @@ async fn at_its_limit_a_core_refuses_the_next_reservation_at_once_and_takes_noth
     assert_eq!(refused.headers()["retry-after"], "1");
     let body: serde_json::Value = refused.json().await.expect("json");
     assert_eq!(body["error"], "OVERLOADED", "{body}");
-    // It waited on nothing: the two held requests are still waiting on the lock.
+    // It waited for its queue timeout only: the two held requests still wait on the lock.
     assert!(took < Duration::from_secs(5), "refused after {took:?}");
     let metrics = env.app.metrics().await;
     assert_eq!(metrics.sum("voucher_admission_refused_total", &[]), 1.0);

@@ -932,7 +932,7 @@ async fn a_request_id_goes_from_edge_to_core_and_back_and_into_the_access_log() 
 
 /// Admission at the edge: with its limit of reservations at the cores in flight (one here,
 /// held by a lock on the voucher's row), the next is answered `503 OVERLOADED` by the edge
-/// itself, at once, and never reaches a core; its retry, once the first is answered, is a
+/// itself (after its 50 ms queue timeout), and never reaches a core; its retry, once the first is answered, is a
 /// new reservation like any other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn at_its_admission_limit_the_edge_refuses_a_reservation_itself_with_503_overloaded() {
