@@ -16,6 +16,7 @@
 pub mod assert;
 pub mod helpers;
 pub mod invariants;
+pub mod locks;
 pub mod metrics;
 pub mod postgres;
 pub mod process;

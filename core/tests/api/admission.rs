@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use sqlx::Connection;
 use voucher_testkit::helpers::{ApiClient, TestEnv};
+use voucher_testkit::locks::{lock_voucher_row, until_waiting_on_locks};
 use voucher_testkit::sale::{accepted, Attempt};
-use voucher_testkit::wait::eventually;
 
 use crate::helpers::voucher_body;
 
@@ -25,23 +25,6 @@ async fn core_admitting(initial: usize, min: usize, max: usize) -> TestEnv {
         s.database.max_connections = 20;
     })
     .await
-}
-
-/// Locks voucher `code`'s row in an open transaction of its own (COMMIT lets it go).
-async fn lock_voucher_row(env: &TestEnv, code: &str) -> sqlx::PgConnection {
-    let mut blocker = sqlx::PgConnection::connect(&env.db.url)
-        .await
-        .expect("connection");
-    sqlx::query("BEGIN")
-        .execute(&mut blocker)
-        .await
-        .expect("begin");
-    sqlx::query("SELECT 1 FROM vouchers WHERE code = $1 FOR UPDATE")
-        .bind(code)
-        .execute(&mut blocker)
-        .await
-        .expect("row locked");
-    blocker
 }
 
 /// `n` reservations of `code` sent, returned once all of them wait on the row's lock.
@@ -60,29 +43,37 @@ async fn held_reservations(
             })
         })
         .collect();
-    eventually(
-        Duration::from_secs(20),
+    until_waiting_on_locks(
+        &env.pool,
+        n as i64,
         "every held reservation to wait on the voucher's row",
-        || async {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-                 AND datname = current_database()",
-            )
-            .fetch_one(&env.pool)
-            .await
-            .ok()?;
-            (waiting == n as i64).then_some(())
-        },
     )
     .await;
     held
+}
+
+/// Lets the row go and collects the held reservations, every one of them accepted.
+async fn released(
+    blocker: sqlx::PgConnection,
+    held: Vec<tokio::task::JoinHandle<Attempt>>,
+) -> Vec<Attempt> {
+    blocker.close().await.expect("lock released");
+    let mut attempts = Vec::new();
+    for h in held {
+        attempts.push(h.await.expect("held reservation"));
+    }
+    assert!(
+        attempts.iter().all(|a| a.status == StatusCode::CREATED),
+        "{attempts:#?}"
+    );
+    attempts
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn at_its_limit_a_core_refuses_the_next_reservation_and_takes_nothing_for_it() {
     let env = core_admitting(2, 2, 2).await;
     env.app.given_voucher(voucher_body("HOT", 10, 1)).await;
-    let blocker = lock_voucher_row(&env, "HOT").await;
+    let blocker = lock_voucher_row(&env.db.url, "HOT").await;
     let held = held_reservations(&env, "HOT", 2).await;
 
     let started = Instant::now();
@@ -98,15 +89,7 @@ async fn at_its_limit_a_core_refuses_the_next_reservation_and_takes_nothing_for_
     assert_eq!(metrics.sum("voucher_admission_refused_total", &[]), 1.0);
     assert_eq!(metrics.sum("voucher_admission_in_flight", &[]), 2.0);
 
-    blocker.close().await.expect("lock released");
-    let mut attempts = Vec::new();
-    for h in held {
-        attempts.push(h.await.expect("held reservation"));
-    }
-    assert!(
-        attempts.iter().all(|a| a.status == StatusCode::CREATED),
-        "{attempts:#?}"
-    );
+    let mut attempts = released(blocker, held).await;
     // The refused order took no use: its retry is a new reservation, not a replay.
     let retry = env.app.attempt("HOT", "late-c", "late-o", 100_000).await;
     assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
@@ -119,7 +102,7 @@ async fn at_its_limit_a_core_refuses_the_next_reservation_and_takes_nothing_for_
 async fn a_window_of_answers_slower_than_the_target_shrinks_the_limit() {
     let env = core_admitting(20, 2, 20).await;
     env.app.given_voucher(voucher_body("HOT", 100, 1)).await;
-    let blocker = lock_voucher_row(&env, "HOT").await;
+    let blocker = lock_voucher_row(&env.db.url, "HOT").await;
     // Ten requests, the fewest a window decides on, each held past the 50 ms target.
     let held = held_reservations(&env, "HOT", 10).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -128,15 +111,7 @@ async fn a_window_of_answers_slower_than_the_target_shrinks_the_limit() {
         20.0
     );
 
-    blocker.close().await.expect("lock released");
-    let mut attempts = Vec::new();
-    for h in held {
-        attempts.push(h.await.expect("held reservation"));
-    }
-    assert!(
-        attempts.iter().all(|a| a.status == StatusCode::CREATED),
-        "{attempts:#?}"
-    );
+    let attempts = released(blocker, held).await;
     let metrics = env.app.metrics().await;
     assert_eq!(
         metrics.sum("voucher_admission_limit", &[]),

@@ -636,40 +636,14 @@ pub(crate) async fn reservation_held_on_its_row(
     sqlx::PgConnection,
     tokio::task::JoinHandle<voucher_testkit::sale::Attempt>,
 ) {
-    use sqlx::Connection;
-
-    let mut blocker = sqlx::PgConnection::connect(&env.db.url)
-        .await
-        .expect("connection");
-    sqlx::query("BEGIN")
-        .execute(&mut blocker)
-        .await
-        .expect("begin");
-    sqlx::query("SELECT 1 FROM vouchers WHERE code = $1 FOR UPDATE")
-        .bind(code)
-        .execute(&mut blocker)
-        .await
-        .expect("row locked");
+    let blocker = voucher_testkit::locks::lock_voucher_row(&env.db.url, code).await;
     let held = tokio::spawn({
         let api = voucher_testkit::helpers::ApiClient::new(env.app().api.base.clone());
         let (code, customer, order) = (code.to_owned(), customer.to_owned(), order.to_owned());
         async move { api.attempt(&code, &customer, &order, 100_000).await }
     });
-    eventually(
-        Duration::from_secs(10),
-        "the recorder to wait on the row",
-        || async {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-                 AND datname = current_database()",
-            )
-            .fetch_one(&env.pool)
-            .await
-            .ok()?;
-            (waiting > 0).then_some(())
-        },
-    )
-    .await;
+    voucher_testkit::locks::until_waiting_on_locks(&env.pool, 1, "the recorder to wait on the row")
+        .await;
     (blocker, held)
 }
 

@@ -936,8 +936,6 @@ async fn a_request_id_goes_from_edge_to_core_and_back_and_into_the_access_log() 
 /// new reservation like any other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn at_its_admission_limit_the_edge_refuses_a_reservation_itself_with_503_overloaded() {
-    use sqlx::Connection;
-
     let stack = FlashStack::builder()
         .cores(2)
         .edge(env!("CARGO_BIN_EXE_voucher-edge"), Duration::from_secs(2))
@@ -948,36 +946,13 @@ async fn at_its_admission_limit_the_edge_refuses_a_reservation_itself_with_503_o
         .start()
         .await;
     stack.app().given_voucher(voucher_body("HELD", 10, 1)).await;
-    let mut blocker = sqlx::PgConnection::connect(&stack.db.url)
-        .await
-        .expect("connection");
-    sqlx::query("BEGIN")
-        .execute(&mut blocker)
-        .await
-        .expect("begin");
-    sqlx::query("SELECT 1 FROM vouchers WHERE code = 'HELD' FOR UPDATE")
-        .execute(&mut blocker)
-        .await
-        .expect("row locked");
+    let blocker = voucher_testkit::locks::lock_voucher_row(&stack.db.url, "HELD").await;
     let held = tokio::spawn({
         let edge = voucher_testkit::helpers::ApiClient::new(stack.edge().api.base.clone());
         async move { edge.attempt("HELD", "c1", "o1", 100_000).await }
     });
-    eventually(
-        Duration::from_secs(20),
-        "the held reservation to wait on the row",
-        || async {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-             AND datname = current_database()",
-            )
-            .fetch_one(&stack.pool)
-            .await
-            .ok()?;
-            (waiting == 1).then_some(())
-        },
-    )
-    .await;
+    voucher_testkit::locks::until_waiting_on_locks(&stack.pool, 1, "the held reservation to wait")
+        .await;
     let at_cores = core_reservations(&stack).await;
 
     let refused = stack.edge().api.reserve("HELD", "c2", "o2", 100_000).await;
@@ -1003,7 +978,9 @@ async fn at_its_admission_limit_the_edge_refuses_a_reservation_itself_with_503_o
         1.0
     );
 
-    blocker.close().await.expect("lock released");
+    sqlx::Connection::close(blocker)
+        .await
+        .expect("lock released");
     let first = held.await.expect("held reservation");
     assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
     // The refused request reached no core (the held one was counted when it answered).
