@@ -104,7 +104,7 @@ impl Run {
                 o.count(|x| x.status == 409)
             ));
             self.table.push(format!(
-                "| Requests that reached a core after the sell-out | {:.0} | {} requests sent | {:.4} of requests | flags last 2 s; each renewal forwards until the order list is in |",
+                "| Requests that reached a core after the sell-out | {:.0} | {} requests sent | {:.4} of requests | a new flag forwards until its order list is in; flags in use are renewed before they lapse |",
                 d.reached_core, o.offered, d.reached_core / o.offered as f64
             ));
             self.table.push(format!(

@@ -7,6 +7,8 @@
 //!   voucher-bench rate-limits [OUT]  only what the edge's rate limits and access log cost (RATE-LIMITS.md)
 //!   voucher-bench accept [OUT]       only the accepting ladder at a core, with the CPU of every
 //!                                    process per accept (ACCEPT.md)
+//!   voucher-bench sale [OUT]         only the flash sale through the edge and the edge's
+//!                                    reject path, in one run (SALE.md)
 //!   voucher-bench reject [OUT]       only the edge's reject path against a bare server, a
 //!                                    minimal Pingora and nginx (REJECT.md)
 //!   voucher-bench overload [OUT]     only a core offered more than it takes, flash and
@@ -79,6 +81,11 @@ enum Command {
     /// Only the accepting ladder of a flash voucher at a core, with the CPU every process
     /// spends per accept (ACCEPT.md).
     Accept {
+        #[arg(default_value = "reports/bench")]
+        out: PathBuf,
+    },
+    /// Only the flash sale through the edge and the edge's reject path (SALE.md).
+    Sale {
         #[arg(default_value = "reports/bench")]
         out: PathBuf,
     },
@@ -254,6 +261,14 @@ async fn main() -> anyhow::Result<()> {
             let step = Duration::from_secs(cli.bench.step_secs);
             let mut run = Run::connect(out, &cli.stack).await?;
             run.accept_breakdown(&cli.bench.accept_rates.0, step).await
+        }
+        Some(Command::Sale { out }) => {
+            let step = Duration::from_secs(cli.bench.step_secs);
+            let mut run = Run::connect(out, &cli.stack).await?;
+            run.flash_sale(&cli.bench.sale_rates.0, step).await?;
+            run.reject_path(&cli.bench.reject_rates.0, step).await?;
+            run.invariants().await?;
+            report::write_sale(&run)
         }
         Some(Command::Reject { out }) => {
             let step = Duration::from_secs(cli.bench.step_secs);

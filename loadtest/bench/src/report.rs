@@ -102,6 +102,18 @@ pub fn write_reject(run: &Run) -> anyhow::Result<()> {
     )
 }
 
+/// The SALE.md of `sale`: the flash sale through the edge beside the edge's reject path,
+/// in one run (the sale's rate is judged against the reject path's).
+pub fn write_sale(run: &Run) -> anyhow::Result<()> {
+    write_table(
+        run,
+        "SALE.md",
+        "The flash sale through the edge, beside the edge's reject path",
+        "BENCH_ONLY=sale ./loadtest/bench.sh",
+        &run.report,
+    )
+}
+
 /// A report of `run`'s table, with how it was run, and `more` below it.
 fn write_table(
     run: &Run,
