@@ -65,7 +65,8 @@ pub struct AdmissionSettings {
     /// How long a request over the limit waits for a place before it is refused (0: refused
     /// at once). Clients that send again as soon as they are answered otherwise spend the
     /// machine on refusals: 1,000 such connections at a core took 96% of both cores for
-    /// 28,000 refusals a second while accepts fell to 993/s (`reports/bench/OVERLOAD.md`).
+    /// 28,000 refusals a second while accepts fell to 993/s (a run of the overload bench
+    /// with this at 0; `reports/bench/OVERLOAD.md` is the run with the default).
     #[serde(with = "humantime_serde")]
     pub queue_timeout: Duration,
 }
@@ -187,8 +188,10 @@ impl Limiter {
         }
     }
 
-    /// A permit at once, or `None` when the limit is reached: the caller refuses the request.
-    pub fn try_acquire(&self) -> Option<Permit> {
+    /// A permit at once, or `None` when the limit is reached (counted as refused): what
+    /// [`Limiter::acquire`] is without its wait, for the tests that fill the limit.
+    #[cfg(test)]
+    fn try_acquire(&self) -> Option<Permit> {
         let permit = self.admit();
         if permit.is_none() {
             self.shared.refused.fetch_add(1, Ordering::Relaxed);

@@ -67,11 +67,9 @@ impl Edge {
         self.fetch_filter(code, id, false);
     }
 
-    /// Renews `code`'s flag when it is due (see `sold_out`): called when the flag answered.
-    pub(crate) fn renew_flag(&self, code: &str) {
-        if let Some(id) = self.sold_out.renewal(code) {
-            self.fetch_filter(code, id, true);
-        }
+    /// Renews `code`'s flag `id`, whose answer claimed its renewal (see `sold_out`).
+    pub(crate) fn renew_flag(&self, code: &str, id: u64) {
+        self.fetch_filter(code, id, true);
     }
 
     /// Fetches `code`'s order filter from a core for flag `id` and stores it. A flag being

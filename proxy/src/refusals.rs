@@ -210,12 +210,12 @@ impl Edge {
         if let Err(by) = self.rate_limits.check_customer(&reserve.customer_id) {
             return Ok(Some(OwnAnswer::RateLimited(by)));
         }
-        let sold_out = self.sold_out.verdict(&code, Some(&reserve.order_id)) == Verdict::SoldOut;
-        if sold_out {
-            self.renew_flag(&code);
+        let verdict = self.sold_out.verdict(&code, Some(&reserve.order_id));
+        if let Verdict::SoldOut { renew: Some(id) } = verdict {
+            self.renew_flag(&code, id);
         }
         ctx.code = Some(code);
-        if sold_out {
+        if matches!(verdict, Verdict::SoldOut { .. }) {
             return Ok(Some(OwnAnswer::SoldOut));
         }
         // Last: only a reservation that goes to a core takes a place (the edge's own

@@ -50,7 +50,12 @@ pub enum Flag {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
     Forward,
-    SoldOut,
+    /// Answered here. `renew`: the flag is due for renewal and this answer claimed it; the
+    /// caller fetches a new filter and stores it with [`SoldOutCache::complete`] under that
+    /// id.
+    SoldOut {
+        renew: Option<u64>,
+    },
 }
 
 #[derive(Clone)]
@@ -79,11 +84,16 @@ impl SoldOutCache {
         }
     }
 
-    /// What to do with a reservation of `order_id` (when it could be read) for `code`.
+    /// What to do with a reservation of `order_id` (when it could be read) for `code`: one
+    /// lookup of the flag decides the answer and whether it renews the flag.
     pub fn verdict(&self, code: &str, order_id: Option<&str>) -> Verdict {
         match (self.flags.get(code), order_id) {
-            (Some(Flag::Ready { orders, .. }), Some(order)) if !orders.may_contain(order) => {
-                Verdict::SoldOut
+            (Some(Flag::Ready { id, orders, stored }), Some(order))
+                if !orders.may_contain(order) =>
+            {
+                Verdict::SoldOut {
+                    renew: self.claim_renewal(code, id, stored),
+                }
             }
             _ => Verdict::Forward,
         }
@@ -130,13 +140,9 @@ impl SoldOutCache {
         matches!(result, moka::ops::compute::CompResult::ReplacedWith(_))
     }
 
-    /// The id of `code`'s ready flag when it is due for renewal (older than half its TTL)
-    /// and no fetch for the voucher ran within `fetch_interval`; the caller fetches a new
-    /// filter and stores it with [`SoldOutCache::complete`] under that id. `None`: no fetch.
-    pub fn renewal(&self, code: &str) -> Option<u64> {
-        let Some(Flag::Ready { id, stored, .. }) = self.flags.get(code) else {
-            return None;
-        };
+    /// Flag `id` of `code`, stored at `stored`, when it is due for renewal (older than half
+    /// its TTL) and no fetch for the voucher ran within `fetch_interval`. `None`: no fetch.
+    fn claim_renewal(&self, code: &str, id: u64, stored: Instant) -> Option<u64> {
         if stored.elapsed() < self.renew_after || self.fetched.contains_key(code) {
             return None;
         }
@@ -223,7 +229,7 @@ mod tests {
             Verdict::Forward,
             "a holder's retry passes"
         );
-        assert_eq!(c.verdict("V", Some("o9")), Verdict::SoldOut);
+        assert_eq!(c.verdict("V", Some("o9")), Verdict::SoldOut { renew: None });
         assert_eq!(
             c.verdict("V", None),
             Verdict::Forward,
@@ -246,7 +252,7 @@ mod tests {
             c.complete("V", newer, filter(&[])),
             "an old failure does not drop a newer flag"
         );
-        assert_eq!(c.verdict("V", Some("o9")), Verdict::SoldOut);
+        assert_eq!(c.verdict("V", Some("o9")), Verdict::SoldOut { renew: None });
     }
 
     #[test]
@@ -254,25 +260,39 @@ mod tests {
         let c = SoldOutCache::new(Duration::from_millis(30), Duration::from_millis(1), 100);
         let id = c.begin("V").expect("flag");
         c.complete("V", id, filter(&[]));
-        assert_eq!(c.verdict("V", Some("o9")), Verdict::SoldOut);
+        assert_eq!(c.verdict("V", Some("o9")), Verdict::SoldOut { renew: None });
         std::thread::sleep(Duration::from_millis(60));
         assert_eq!(c.verdict("V", Some("o9")), Verdict::Forward);
     }
 
+    /// A newcomer's answer from the flag of `code`, which must be sold out: the renewal
+    /// that answer claimed, if any.
+    fn renewal_claimed(c: &SoldOutCache, code: &str) -> Option<u64> {
+        match c.verdict(code, Some("newcomer")) {
+            Verdict::SoldOut { renew } => renew,
+            Verdict::Forward => panic!("{code} is not answered as sold out"),
+        }
+    }
+
     #[test]
     fn a_flag_past_half_its_ttl_is_renewed_and_answers_until_the_new_filter_replaces_it() {
-        // Sleeps only ever overrun: each check has 0.8 s of margin against its deadline.
-        let c = SoldOutCache::new(Duration::from_secs(2), Duration::from_millis(1), 100);
+        // Sleeps only ever overrun: each check has at least 0.5 s of margin against its
+        // deadline (the 500 ms fetch interval, which makes a renewal single-flight, is over
+        // when the flag is due).
+        let c = SoldOutCache::new(Duration::from_secs(2), Duration::from_millis(500), 100);
         let id = c.begin("V").expect("flag");
         assert!(c.complete("V", id, filter(&["o1"])));
-        assert!(c.renewal("V").is_none(), "young flags are not renewed");
-        std::thread::sleep(Duration::from_millis(1200));
-        let ready = c.renewal("V").expect("due past half the TTL");
-        assert!(c.renewal("V").is_none(), "one renewal at a time");
         assert_eq!(
-            c.verdict("V", Some("o9")),
-            Verdict::SoldOut,
-            "answers meanwhile"
+            renewal_claimed(&c, "V"),
+            None,
+            "young flags are not renewed"
+        );
+        std::thread::sleep(Duration::from_millis(1200));
+        let ready = renewal_claimed(&c, "V").expect("due past half the TTL");
+        assert_eq!(
+            renewal_claimed(&c, "V"),
+            None,
+            "one renewal at a time, and the flag answers meanwhile"
         );
         assert!(c.complete("V", ready, filter(&["o1", "o2"])));
         assert_eq!(
@@ -281,10 +301,10 @@ mod tests {
             "the new filter answers"
         );
         std::thread::sleep(Duration::from_millis(1200));
-        assert_eq!(
-            c.verdict("V", Some("o9")),
-            Verdict::SoldOut,
-            "the renewed flag has a TTL of its own: past the first one's, it holds"
+        assert!(
+            renewal_claimed(&c, "V").is_some(),
+            "the renewed flag has a TTL of its own: past the first one's, it holds, and is \
+             due for its own renewal"
         );
     }
 
@@ -294,14 +314,14 @@ mod tests {
         let id = c.begin("V").expect("flag");
         c.complete("V", id, filter(&[]));
         std::thread::sleep(Duration::from_millis(1200));
-        let ready = c.renewal("V").expect("due");
+        let ready = renewal_claimed(&c, "V").expect("due");
         c.abandon("V", ready); // the fetched filter had uses left
         assert_eq!(c.verdict("V", Some("o9")), Verdict::Forward);
         after_interval();
         let id = c.begin("V").expect("a new flag");
         c.complete("V", id, filter(&[]));
         std::thread::sleep(Duration::from_millis(1200));
-        let ready = c.renewal("V").expect("due");
+        let ready = renewal_claimed(&c, "V").expect("due");
         c.clear("V"); // a use given back while the renewal was fetched
         assert!(!c.complete("V", ready, filter(&[])), "never stored");
         assert_eq!(c.verdict("V", Some("o9")), Verdict::Forward);
