@@ -20,9 +20,10 @@ impl super::Store {
     ///
     /// `generations[i]` is the generation of the gate that decided `batch[i]` (0: none
     /// known). The fence: a row is written only while that generation is still the
-    /// voucher's latest in `gate_generations`, checked under a share lock on that row in
-    /// the same statement. A rebuild takes the next generation by updating the row, which
-    /// waits for those locks, and reads PostgreSQL only after: so every use an old gate
+    /// voucher's latest (`vouchers.gate_generation`), read from the voucher's row as the
+    /// statement locks it (the lock every batch needs anyway, to count its uses there). A
+    /// rebuild takes the next generation by updating that row, which waits for the lock,
+    /// and reads PostgreSQL only after: so every use an old gate
     /// decided is either committed before the new gate's read (and in it), or refused as
     /// stale (`BatchResult::stale`, a 503 whose retry the new gate decides). Without it, a
     /// commit held up across a rebuild landed behind the read: a 201 the new gate did not
@@ -141,6 +142,7 @@ pub struct BatchResult {
 }
 
 /// The offset to store with a batch's rows, for the partition it was read from.
+#[derive(Clone, Copy)]
 pub(super) struct Advance<'a> {
     pub key: &'a PartitionKey,
     pub next_offset: i64,
@@ -164,10 +166,15 @@ fn refusal(e: &sqlx::Error) -> Option<String> {
 
 /// Records a batch of RESERVED reservations on `conn`.
 ///
-/// Fast path: one transaction for the whole batch, with `advance` stored in it when nothing
-/// is refused. If the database refuses any of it (a constraint: the last guard caught
-/// something the gate let through), the batch is replayed one reservation per transaction,
-/// so that only the refused ones are set aside; the offset is then the caller's to store.
+/// One statement decides the whole batch ([`admit`]): what the voucher's and each
+/// customer's limits leave room for is inserted and counted, the rest is refused by name,
+/// with `advance` stored in the same transaction when nothing is refused. The CHECKs stay
+/// the last guard: the statement reads customers' counts as of its start, so a batch of
+/// another core that gave a customer a use meanwhile can make it count one too few and
+/// break `customer_usage_within_limit`. Such a batch is decided again by a new statement
+/// (which sees what committed), twice at most, and only then one reservation per
+/// transaction, so that only the refused ones are set aside; the offset is then the
+/// caller's to store.
 #[tracing::instrument(name = "db.record_reserved", skip_all, fields(events = batch.len()))]
 ///
 /// `generations` fences the rows (see [`super::Store::record_decided`]); empty for the
@@ -179,15 +186,30 @@ pub(super) async fn record_reserved(
     advance: Option<Advance<'_>>,
 ) -> Result<BatchResult> {
     let fence = Fence::new(batch, generations);
-    match record_batch(conn, batch, &fence, advance).await {
-        Ok(result) => Ok(result),
-        Err(e) if refusal(&e).is_some() => {
-            tracing::warn!(error = %crate::error::cause_chain(&e), "batch refused; recording its reservations one by one");
-            record_one_by_one(conn, batch, &fence).await
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match record_batch(conn, batch, &fence, advance).await {
+            Ok(mut result) => {
+                result.transactions = attempts;
+                return Ok(result);
+            }
+            Err(e) if refusal(&e).is_some() && attempts < DECIDE_ATTEMPTS => {
+                tracing::debug!(error = %crate::error::cause_chain(&e), "batch broke a limit it read as of its start; deciding it again");
+            }
+            Err(e) if refusal(&e).is_some() => {
+                tracing::warn!(error = %crate::error::cause_chain(&e), "batch refused; recording its reservations one by one");
+                let mut result = record_one_by_one(conn, batch, &fence).await?;
+                result.transactions += attempts;
+                return Ok(result);
+            }
+            Err(e) => return Err(e.into()),
         }
-        Err(e) => Err(e.into()),
     }
 }
+
+/// Statements that decide a whole batch before it is recorded one by one.
+const DECIDE_ATTEMPTS: usize = 3;
 
 /// The gate generation each reservation of a batch was decided under (0: unfenced).
 struct Fence {
@@ -202,37 +224,21 @@ impl Fence {
         Self { generations }
     }
 
-    /// The vouchers whose `gate_generations` row must be share-locked and compared.
-    fn codes<'a>(&self, batch: &'a [Reservation]) -> Vec<&'a str> {
-        let mut codes: Vec<&str> = batch
-            .iter()
-            .zip(&self.generations)
-            .filter(|(_, g)| **g != 0)
-            .map(|(r, _)| r.voucher_code.as_str())
-            .collect();
-        codes.sort_unstable();
-        codes.dedup();
-        codes
-    }
-
-    /// Indexes of the reservations whose generation is not the voucher's latest.
-    fn stale(&self, batch: &[Reservation], latest: &HashMap<String, i64>) -> Vec<usize> {
-        batch
-            .iter()
-            .zip(&self.generations)
-            .enumerate()
-            .filter(|(_, (r, g))| **g != 0 && latest.get(r.voucher_code.as_str()) != Some(*g))
-            .map(|(i, _)| i)
-            .collect()
-    }
 }
 
-/// The whole batch at once: its rows inserted and their uses counted against the customers'
-/// and the vouchers' limits in one statement (whose CHECKs refuse an overshoot), then
-/// repeats told from conflicts among the rows that were not new. Without an offset to
-/// store, that statement is its own transaction: one round trip for the batch, which is
-/// what a recorder waiting on PostgreSQL before its 201s needs. With one, it runs in a
-/// transaction that stores the offset too, if all is well.
+/// The vouchers of a batch, each once, in the order their rows are locked.
+fn voucher_codes(batch: &[Reservation]) -> Vec<&str> {
+    let mut codes: Vec<&str> = batch.iter().map(|r| r.voucher_code.as_str()).collect();
+    codes.sort_unstable();
+    codes.dedup();
+    codes
+}
+
+/// The whole batch at once: decided and its rows inserted and counted by one statement
+/// ([`admit`]), then repeats told from conflicts among the rows that were not new. Without
+/// an offset to store, that statement is its own transaction: one round trip for the
+/// batch, which is what a recorder waiting on PostgreSQL before its 201s needs. With one,
+/// it runs in a transaction that stores the offset too, if nothing was refused.
 async fn record_batch(
     conn: &mut PgConnection,
     batch: &[Reservation],
@@ -240,33 +246,29 @@ async fn record_batch(
     advance: Option<Advance<'_>>,
 ) -> Result<BatchResult, sqlx::Error> {
     let Some(advance) = advance else {
-        let written = insert_and_count(&mut *conn, batch, fence).await?;
-        let fresh: HashSet<&str> = written.inserted.iter().map(String::as_str).collect();
-        let stale = fence.stale(batch, &written.latest);
+        let admitted = admit(&mut *conn, batch, fence).await?;
         // Rows never change voucher or customer: reading them after the commit is safe.
-        let settled = if written.inserted.len() == batch.len() {
+        let settled = if admitted.inserted.len() == batch.len() {
             Settled::default()
         } else {
             let mut tx = conn.begin().await?;
             by_index(&mut tx).await?;
-            let settled = classify(&mut tx, batch, &fresh, &stale).await?;
+            let settled = classify(&mut tx, batch, &admitted).await?;
             tx.commit().await?;
             settled
         };
-        return Ok(settled.into_result(written.inserted.len(), false));
+        return Ok(settled.into_result(admitted.inserted.len(), false));
     };
     let mut tx = conn.begin().await?;
     by_index(&mut tx).await?;
-    let written = insert_and_count(&mut tx, batch, fence).await?;
-    let fresh: HashSet<&str> = written.inserted.iter().map(String::as_str).collect();
-    let stale = fence.stale(batch, &written.latest);
-    let settled = classify(&mut tx, batch, &fresh, &stale).await?;
+    let admitted = admit(&mut tx, batch, fence).await?;
+    let settled = classify(&mut tx, batch, &admitted).await?;
     let offset_stored = settled.refused.is_empty() && settled.stale.is_empty();
     if offset_stored {
         store_offset(&mut tx, advance.key, advance.next_offset, advance.owner).await?;
     }
     tx.commit().await?;
-    Ok(settled.into_result(written.inserted.len(), offset_stored))
+    Ok(settled.into_result(admitted.inserted.len(), offset_stored))
 }
 
 /// What became of the reservations of a batch that were not inserted.
@@ -291,25 +293,31 @@ impl Settled {
     }
 }
 
-/// Of the reservations not inserted: the stale ones stay stale (a 503 whose retry the new
-/// gate answers from what it holds, even when that retry's row is already stored: this
-/// attempt's record is not that row); the rest are repeats or refused by
-/// [`classify_existing`].
+/// Of the reservations not inserted: those the statement refused or found stale stay so
+/// (a stale one is a 503 whose retry the new gate answers from what it holds, even when
+/// that retry's row is already stored: this attempt's record is not that row); the rest
+/// are repeats or refused by [`classify_existing`].
 async fn classify(
     conn: &mut PgConnection,
     batch: &[Reservation],
-    fresh: &HashSet<&str>,
-    stale: &[usize],
+    admitted: &Admitted,
 ) -> Result<Settled, sqlx::Error> {
-    let existing = classify_existing(conn, batch, fresh).await?;
+    let decided: HashSet<usize> = admitted
+        .refused
+        .iter()
+        .map(|(i, _)| *i)
+        .chain(admitted.stale.iter().copied())
+        .collect();
+    let fresh: HashSet<&str> = admitted.inserted.iter().map(String::as_str).collect();
+    let undecided: Vec<usize> = (0..batch.len()).filter(|i| !decided.contains(i)).collect();
+    let rest: Vec<Reservation> = undecided.iter().map(|&i| batch[i].clone()).collect();
     let mut settled = Settled {
-        stale: stale.to_vec(),
+        refused: admitted.refused.clone(),
+        stale: admitted.stale.clone(),
         ..Settled::default()
     };
-    for (i, found) in existing {
-        if stale.contains(&i) {
-            continue;
-        }
+    for (k, found) in classify_existing(conn, &rest, &fresh).await? {
+        let i = undecided[k];
         match found {
             Existing::Repeat(row) => settled.repeats.push((i, row)),
             Existing::Conflict => settled.refused.push((i, ORDER_ID_TAKEN.to_owned())),
@@ -375,7 +383,7 @@ async fn write_single(
 ) -> Result<Single> {
     if generation != 0 {
         let latest: Option<i64> = sqlx::query_scalar(
-            "SELECT generation FROM gate_generations WHERE voucher_code = $1 FOR SHARE",
+            "SELECT gate_generation FROM vouchers WHERE code = $1 FOR NO KEY UPDATE",
         )
         .bind(r.voucher_code.as_str())
         .fetch_optional(&mut **tx)
@@ -442,45 +450,86 @@ pub(super) async fn by_index(conn: &mut PgConnection) -> Result<(), sqlx::Error>
     Ok(())
 }
 
-/// Inserts every row whose orderId is new and adds their uses to each customer's and each
-/// voucher's count, in one statement; returns the orderIds inserted. Rows go in in
-/// orderId order, so two batches that share orderIds (one orderId sent to two vouchers,
-/// through two cores) wait on each other's index entries in the same order instead of
-/// deadlocking. PostgreSQL orders the voucher rows' locks itself: a batch spanning several
-/// vouchers can still deadlock with another writer's, and one of the two then fails
-/// (40P01, a 503 for the recorder's clients, whose retries record again; a writer retries
-/// its batch).
+/// Decides a batch and writes what it admits, in one statement; returns what it did.
 ///
-/// The fence (see [`super::Store::record_decided`]) is in the same statement: the
-/// `gate_generations` rows of the fenced vouchers are share-locked and read (a rebuild
-/// taking the next generation waits for this transaction), and a fenced reservation is
-/// inserted only if its generation is the one read. Returns what was read too.
-async fn insert_and_count(
+/// The batch's voucher rows are locked first (`FOR NO KEY UPDATE`, in code order, the
+/// lock the count's update needs anyway); a locked row is read as its latest version, so
+/// the voucher's count and generation are exact however long the lock took. Then, in
+/// arrival order, each reservation is:
+/// - stale, if its gate's generation is not the voucher's latest (the fence, see
+///   [`super::Store::record_decided`]);
+/// - left for [`classify_existing`], if its orderId has a row already (a repeat, or
+///   another reservation's);
+/// - refused `customer_usage_within_limit` past its customer's limit, then
+///   `vouchers_used_within_limit` past the voucher's: the names of the CHECKs that would
+///   refuse the same write;
+/// - otherwise inserted, and counted against its customer and its voucher.
+///
+/// Rows go in in orderId order, so two batches that share orderIds (one orderId sent to
+/// two vouchers, through two cores) wait on each other's index entries in the same order
+/// instead of deadlocking. One orderId twice in a batch is inserted once; a new orderId
+/// that another transaction inserts meanwhile is skipped by the unique index, its place
+/// in the ranking unused (it can only make this batch admit fewer, never more).
+async fn admit(
     conn: &mut PgConnection,
     batch: &[Reservation],
     fence: &Fence,
-) -> Result<Written, sqlx::Error> {
+) -> Result<Admitted, sqlx::Error> {
     let text = |f: fn(&Reservation) -> &str| batch.iter().map(f).collect::<Vec<_>>();
-    let rows: Vec<(String, Option<i64>)> = sqlx::query_as(
-        "WITH fence AS (
-             SELECT voucher_code, generation FROM gate_generations
-             WHERE voucher_code = ANY($9::text[])
-             FOR SHARE
-         ),
-         input AS (
-             SELECT u.voucher_code, u.customer_id, u.order_id, u.order_amount,
-                    u.discount_amount, u.reserved_at, u.expires_at
+    let rows: Vec<(Option<String>, Option<i64>, Option<String>)> = sqlx::query_as(
+        "WITH input AS (
+             SELECT u.*
              FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[],
                          $6::timestamptz[], $7::timestamptz[], $8::int8[])
+                  WITH ORDINALITY
                   AS u(voucher_code, customer_id, order_id, order_amount, discount_amount,
-                       reserved_at, expires_at, generation)
-             LEFT JOIN fence f ON f.voucher_code = u.voucher_code
-             WHERE u.generation = 0 OR f.generation = u.generation
+                       reserved_at, expires_at, generation, idx)
+         ),
+         voucher AS (
+             SELECT code, used_count, total_limit, per_user_limit, gate_generation
+             FROM vouchers WHERE code = ANY($9::text[])
+             ORDER BY code
+             FOR NO KEY UPDATE
+         ),
+         held AS (
+             SELECT c.voucher_code, c.customer_id, c.active_count
+             FROM customer_usage c
+             WHERE (c.voucher_code, c.customer_id) IN
+                   (SELECT voucher_code, customer_id FROM input)
+         ),
+         candidate AS (
+             SELECT i.*, v.used_count, v.total_limit, v.per_user_limit,
+                    coalesce(h.active_count, 0) AS active_count,
+                    CASE
+                        WHEN v.code IS NULL THEN 'redemptions_voucher_fkey'
+                        WHEN i.generation <> 0 AND i.generation <> v.gate_generation
+                            THEN 'stale'
+                        WHEN EXISTS (SELECT 1 FROM redemptions r WHERE r.order_id = i.order_id)
+                            THEN 'known'
+                    END AS verdict
+             FROM input i
+             LEFT JOIN voucher v ON v.code = i.voucher_code
+             LEFT JOIN held h ON h.voucher_code = i.voucher_code
+                             AND h.customer_id = i.customer_id
+         ),
+         by_customer AS (
+             SELECT c.*, c.active_count + row_number() OVER (
+                        PARTITION BY c.voucher_code, c.customer_id ORDER BY c.idx
+                    ) AS customer_uses
+             FROM candidate c WHERE c.verdict IS NULL
+         ),
+         by_voucher AS (
+             SELECT b.*, b.used_count + row_number() OVER (
+                        PARTITION BY b.voucher_code ORDER BY b.idx
+                    ) AS voucher_uses
+             FROM by_customer b WHERE b.customer_uses <= b.per_user_limit
          ),
          inserted AS (
              INSERT INTO redemptions (voucher_code, customer_id, order_id, order_amount,
                                       discount_amount, reserved_at, expires_at)
-             SELECT * FROM input
+             SELECT voucher_code, customer_id, order_id, order_amount, discount_amount,
+                    reserved_at, expires_at
+             FROM by_voucher WHERE voucher_uses <= total_limit
              ORDER BY order_id
              ON CONFLICT (order_id) DO NOTHING
              RETURNING voucher_code, customer_id, order_id
@@ -489,7 +538,7 @@ async fn insert_and_count(
              INSERT INTO customer_usage AS u (voucher_code, customer_id, active_count,
                                               per_user_limit)
              SELECT i.voucher_code, i.customer_id, count(*)::int4, v.per_user_limit
-             FROM inserted i JOIN vouchers v ON v.code = i.voucher_code
+             FROM inserted i JOIN voucher v ON v.code = i.voucher_code
              GROUP BY i.voucher_code, i.customer_id, v.per_user_limit
              ORDER BY i.voucher_code, i.customer_id
              ON CONFLICT (voucher_code, customer_id)
@@ -501,9 +550,15 @@ async fn insert_and_count(
                    GROUP BY voucher_code) n
              WHERE v.code = n.voucher_code
          )
-         SELECT order_id, NULL::int8 FROM inserted
+         SELECT order_id, NULL::int8, NULL::text FROM inserted
          UNION ALL
-         SELECT voucher_code, generation FROM fence",
+         SELECT NULL, idx, verdict FROM candidate WHERE verdict <> 'known'
+         UNION ALL
+         SELECT NULL, idx, 'customer_usage_within_limit' FROM by_customer
+         WHERE customer_uses > per_user_limit
+         UNION ALL
+         SELECT NULL, idx, 'vouchers_used_within_limit' FROM by_voucher
+         WHERE voucher_uses > total_limit",
     )
     .bind(text(|r| r.voucher_code.as_str()))
     .bind(text(|r| r.customer_id.as_str()))
@@ -523,27 +578,37 @@ async fn insert_and_count(
     .bind(batch.iter().map(|r| r.reserved_at).collect::<Vec<_>>())
     .bind(batch.iter().map(|r| r.expires_at).collect::<Vec<_>>())
     .bind(&fence.generations)
-    .bind(fence.codes(batch))
+    .bind(voucher_codes(batch))
     .fetch_all(conn)
     .await?;
-    let mut written = Written::default();
-    for (value, generation) in rows {
-        match generation {
-            Some(generation) => {
-                written.latest.insert(value, generation);
+    let mut admitted = Admitted::default();
+    for row in rows {
+        match row {
+            (Some(order_id), None, None) => admitted.inserted.push(order_id),
+            // WITH ORDINALITY counts from 1.
+            (_, Some(nth), Some(verdict)) => {
+                let Some(i) = usize::try_from(nth - 1).ok().filter(|i| *i < batch.len()) else {
+                    continue;
+                };
+                if verdict == "stale" {
+                    admitted.stale.push(i);
+                } else {
+                    admitted.refused.push((i, verdict));
+                }
             }
-            None => written.inserted.push(value),
+            _ => {}
         }
     }
-    Ok(written)
+    Ok(admitted)
 }
 
-/// What [`insert_and_count`] did: the orderIds inserted, and the latest generation of
-/// each fenced voucher.
+/// What [`admit`] did: the orderIds inserted, and the reservations it refused (by index
+/// in the batch, with the constraint's name) or found stale.
 #[derive(Default)]
-struct Written {
+struct Admitted {
     inserted: Vec<String>,
-    latest: HashMap<String, i64>,
+    refused: Vec<(usize, String)>,
+    stale: Vec<usize>,
 }
 
 /// The constraint an orderId that belongs to another reservation would break.

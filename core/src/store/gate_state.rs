@@ -1,8 +1,8 @@
 //! What a flash gate is loaded from and checked against.
 //!
-//! A load first takes the voucher's next gate generation (`gate_generations`, committed on
-//! its own: the update waits for every write of a use an older gate decided, see
-//! `store::batch`), then reads the voucher in one REPEATABLE READ transaction. Only the
+//! A load first takes the voucher's next gate generation (`vouchers.gate_generation`,
+//! committed on its own: the update waits for every write of a use an older gate decided,
+//! which holds the voucher's row locked, see `store::batch`), then reads the voucher in one REPEATABLE READ transaction. Only the
 //! latest generation can open a gate (see `flash/rebuild.rs`), and the recorder writes a
 //! use only under its gate's generation if that is still the latest: so an open gate never
 //! misses a use PostgreSQL holds. Rows and counts stream out in pieces, so a voucher of any
@@ -85,8 +85,8 @@ fn lock_not_available(e: &sqlx::Error) -> bool {
 
 impl Store {
     /// Takes `code`'s next gate generation, committed on its own. The update waits for
-    /// every recorder write holding the generation row share-locked (uses an older gate
-    /// decided, being written; see `record_decided`), so a read started after this returns
+    /// every recorder write holding the voucher's row locked (uses an older gate decided,
+    /// being written; see `record_decided`), so a read started after this returns
     /// sees each of them, and a use of an older gate written later finds a newer generation
     /// and is not written. Bounded: behind a write that is itself stuck (a locked row) it
     /// gives up after 2 s and tries again, five times, rather than hang with the voucher
@@ -111,10 +111,8 @@ impl Store {
             .execute(&mut *bump)
             .await?;
         let generation: i64 = sqlx::query_scalar(
-            "INSERT INTO gate_generations (voucher_code, generation) VALUES ($1, 1)
-             ON CONFLICT (voucher_code)
-             DO UPDATE SET generation = gate_generations.generation + 1
-             RETURNING generation",
+            "UPDATE vouchers SET gate_generation = gate_generation + 1 WHERE code = $1
+             RETURNING gate_generation",
         )
         .bind(code.as_str())
         .fetch_one(&mut *bump)
@@ -158,7 +156,7 @@ impl Store {
     /// The latest gate generation of `code` (0 before any load).
     pub async fn gate_generation(&self, code: &VoucherCode) -> Result<i64> {
         let generation: Option<i64> =
-            sqlx::query_scalar("SELECT generation FROM gate_generations WHERE voucher_code = $1")
+            sqlx::query_scalar("SELECT gate_generation FROM vouchers WHERE code = $1")
                 .bind(code.as_str())
                 .fetch_optional(self.pool())
                 .await?;

@@ -9,6 +9,7 @@ mod consumer;
 mod expiry;
 mod flash;
 mod gate_load;
+mod grouped;
 mod input;
 mod managed;
 mod operations;

@@ -33,7 +33,7 @@ use crate::domain::{Voucher, VoucherCode};
 use crate::{Error, Result};
 use scripts::Scripts;
 
-/// The generation of the PostgreSQL read a gate was loaded from (`gate_generations`), or a
+/// The generation of the PostgreSQL read a gate was loaded from (`vouchers.gate_generation`), or a
 /// later one it took on (`load_begin.lua`): a use this gate decides may be recorded only
 /// while it is still the voucher's latest, so that no row lands behind the read of a newer
 /// gate. (The store takes 0 as "unfenced", for the event writers; no gate decides with 0.)
