@@ -26,6 +26,8 @@ pub struct Settings {
     pub redis: Option<RedisSettings>,
     pub kafka: Option<KafkaSettings>,
     pub flash: FlashSettings,
+    /// How standard mode's reservations are grouped into statements.
+    pub standard: StandardSettings,
     /// How many reservations the core works on at once; the rest get `503 OVERLOADED`.
     pub admission: voucher_admission::AdmissionSettings,
 }
@@ -107,6 +109,32 @@ pub struct AdminSettings {
 
 /// The tokens `config/core.toml` publishes for development stacks.
 pub const DEVELOPMENT_TOKENS: [&str; 2] = ["dev-admin-token", "dev-orders-token"];
+
+/// Standard mode decides concurrent reservations in groups, one statement per group (see
+/// `standard.rs`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StandardSettings {
+    /// Statements in flight per core, and the most reservations one of them decides.
+    pub group_workers: usize,
+    pub group_batch_max: usize,
+    /// How long a group waits for more reservations once it has one (and fewer than
+    /// `group_batch_max`): what a reservation may wait for company, at most.
+    #[serde(with = "humantime_serde")]
+    pub group_linger: Duration,
+}
+
+impl Default for StandardSettings {
+    fn default() -> Self {
+        Self {
+            // As flash mode's recorder: one statement at a time per core, since concurrent
+            // ones on a hot voucher only queue on its row.
+            group_workers: 1,
+            group_batch_max: 200,
+            group_linger: Duration::from_millis(1),
+        }
+    }
+}
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]

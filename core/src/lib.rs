@@ -5,10 +5,13 @@
 //! - [`http`]: routes, extractors that parse untrusted input, the OpenAPI document, the
 //!   layers that count and log every answer;
 //! - [`service`]: the use cases, and the seam where each voucher mode decides;
+//! - [`standard`]: standard mode: PostgreSQL decides reservations in groups, one statement
+//!   per group;
 //! - [`flash`]: flash mode: the Redis gate decides, Kafka events carry the decision to
 //!   PostgreSQL, rebuild and reconciliation keep the two in step;
 //! - [`expiry`], [`periodic`]: the job that gives back uses of abandoned reservations, and
-//!   the loop every periodic job runs in;
+//!   the loop every periodic job runs in; [`batching`]: the queue grouped writers take
+//!   their batches from;
 //! - [`catalog`]: voucher definitions cached in memory (they never change);
 //! - [`store`]: every SQL statement; PostgreSQL's constraints are the last guard;
 //! - [`domain`]: types that can only hold valid values (codes, ids, money, vouchers);
@@ -19,6 +22,7 @@
 //! consumer, and the invariants they keep) is described in `ARCHITECTURE.md` at the root of
 //! the repository.
 
+pub mod batching;
 pub mod catalog;
 pub mod config;
 pub mod domain;
@@ -29,6 +33,7 @@ pub mod http;
 pub mod metrics;
 pub mod periodic;
 pub mod service;
+pub mod standard;
 pub mod startup;
 pub mod store;
 pub mod telemetry;

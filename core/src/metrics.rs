@@ -41,6 +41,12 @@ pub struct Metrics {
     pub publish_duration: HistogramVec,
     /// Time until PostgreSQL's answer on a flash reservation (`flash.decision = "database"`).
     pub record_duration: Histogram,
+    /// Reservations per grouped statement, by mode (standard: the grouper; flash: the
+    /// recorder, PostgreSQL deciding).
+    pub group_size: HistogramVec,
+    /// Transactions the grouped writers spent, by mode: one per group, more when a group
+    /// was decided again or, as a last resort, one by one.
+    pub group_transactions: IntCounterVec,
     /// Events per consumer batch.
     pub consumer_batch_size: Histogram,
     /// Events the consumer handled, by result (inserted, duplicate, dead_lettered).
@@ -155,6 +161,19 @@ impl Metrics {
                     )
                     .buckets(latency()),
                 ),
+            ),
+            group_size: histogram_vec(
+                &r,
+                "voucher_group_size",
+                "Reservations per grouped statement, by mode",
+                &["mode"],
+                vec![1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0],
+            ),
+            group_transactions: counter_vec(
+                &r,
+                "voucher_group_transactions_total",
+                "Transactions the grouped writers spent, by mode",
+                &["mode"],
             ),
             consumer_batch_size: register(
                 &r,

@@ -1,7 +1,8 @@
 //! The voucher use cases, and the seam where a reservation is decided per voucher mode.
 //!
-//! Handlers call this with parsed domain values; this picks the path (standard: one
-//! PostgreSQL transaction; flash: the Redis gate, see `flash`) and counts outcomes.
+//! Handlers call this with parsed domain values; this picks the path (standard: PostgreSQL
+//! decides in groups, see `standard`; flash: the Redis gate, see `flash`) and counts
+//! outcomes.
 
 use std::sync::Arc;
 
@@ -14,6 +15,7 @@ use crate::domain::{
 };
 use crate::flash::FlashPath;
 use crate::metrics::Metrics;
+use crate::standard::Grouper;
 use crate::store::{ReserveOutcome, Store};
 use crate::{Error, Result};
 
@@ -23,6 +25,8 @@ pub struct VoucherService {
     catalog: Catalog,
     metrics: Arc<Metrics>,
     reservation_ttl: chrono::Duration,
+    /// Standard mode's reservations, decided in groups.
+    standard: Grouper,
     /// Present when Redis and Kafka are configured; without it flash vouchers are refused.
     flash: Option<FlashPath>,
 }
@@ -32,6 +36,7 @@ impl VoucherService {
         store: Store,
         metrics: Arc<Metrics>,
         reservation_ttl: chrono::Duration,
+        standard: Grouper,
         flash: Option<FlashPath>,
     ) -> Self {
         Self {
@@ -39,6 +44,7 @@ impl VoucherService {
             store,
             metrics,
             reservation_ttl,
+            standard,
             flash,
         }
     }
@@ -101,11 +107,7 @@ impl VoucherService {
     pub async fn reserve(&self, request: &ReservationRequest) -> Result<ReserveOutcome> {
         let voucher = self.catalog.get(&request.voucher_code).await?;
         let result = match voucher.mode {
-            VoucherMode::Standard => {
-                self.store
-                    .reserve_standard(&voucher, request, self.reservation_ttl)
-                    .await
-            }
+            VoucherMode::Standard => self.standard.reserve(&voucher, request).await,
             VoucherMode::Flash => {
                 self.flash_path()?
                     .reserve(&voucher, request, self.reservation_ttl)

@@ -40,10 +40,17 @@ impl Application {
             Some(flash) => (Some(flash.path), Some(flash.jobs)),
             None => (None, None),
         };
+        let standard = crate::standard::Grouper::start(
+            &store,
+            &settings.standard,
+            settings.reservations.ttl(),
+            metrics.clone(),
+        );
         let service = VoucherService::new(
             store.clone(),
             metrics.clone(),
             settings.reservations.ttl(),
+            standard,
             flash,
         );
         let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));

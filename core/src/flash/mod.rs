@@ -189,7 +189,7 @@ impl FlashPath {
         let linger = kafka.linger_for(settings.decision);
         let decider = match settings.decision {
             Decision::Database => Decider::Database {
-                recorder: Recorder::start(store.clone(), gate.clone(), &settings),
+                recorder: Recorder::start(store.clone(), gate.clone(), &settings, metrics.clone()),
                 announcer: Announcer::new(kafka, linger, metrics.clone())?,
             },
             Decision::Broker => Decider::Broker {

@@ -1,9 +1,9 @@
 //! PostgreSQL's last word on flash reservations (`flash.decision = "database"`): the rows
 //! of uses the gate took are committed in grouped transactions before anyone gets a 201.
 //!
-//! Reservations queue on a channel; each of `record_workers` tasks takes whatever has
-//! queued, waits up to `record_linger` for more (up to `record_batch_max` in all), and
-//! records the batch in one transaction (`store::record_decided`: the voucher's and the
+//! Reservations queue on a channel (`crate::batching`); each of `record_workers` tasks
+//! takes whatever has queued, waits up to `record_linger` for more (up to
+//! `record_batch_max` in all), and records the batch in one transaction (`store::record_decided`: the voucher's and the
 //! customer's counted limits and the orderId's uniqueness are checked there), on a
 //! connection it keeps between batches. Under load the queue fills while the previous
 //! transaction runs, so batches grow with the load; the linger bounds what a lone
@@ -12,14 +12,15 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio::sync::{mpsc, oneshot};
 
 use super::gate::{Gate, Generation};
+use crate::batching::{self, Batches};
 use crate::config::FlashSettings;
 use crate::domain::{Reservation, VoucherCode};
 use crate::error::Error;
+use crate::metrics::Metrics;
 use crate::store::{Recording, Store};
 use crate::Result;
 
@@ -58,18 +59,21 @@ impl Recorder {
     /// when every `Recorder` clone is dropped.
     /// Batches are grouped by `flash.record_workers`, `record_batch_max` and
     /// `record_linger`.
-    pub fn start(store: Store, gate: Gate, settings: &FlashSettings) -> Self {
+    pub fn start(
+        store: Store,
+        gate: Gate,
+        settings: &FlashSettings,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let workers = settings.record_workers.max(1);
-        let batch_max = settings.record_batch_max.max(1);
-        let (queue, jobs) = mpsc::channel(batch_max * workers * 4);
-        let jobs = Arc::new(Mutex::new(jobs));
+        let (queue, batches) =
+            batching::queue(workers, settings.record_batch_max, settings.record_linger);
         for _ in 0..workers {
             let worker = Worker {
                 writer: store.decided_writer(),
                 gate: gate.clone(),
-                jobs: jobs.clone(),
-                batch_max,
-                linger: settings.record_linger,
+                batches: batches.clone(),
+                metrics: metrics.clone(),
             };
             tokio::spawn(worker.run());
         }
@@ -103,20 +107,24 @@ impl Recorder {
 struct Worker {
     writer: crate::store::DecidedWriter,
     gate: Gate,
-    jobs: Arc<Mutex<mpsc::Receiver<Job>>>,
-    batch_max: usize,
-    linger: Duration,
+    batches: Batches<Job>,
+    metrics: Arc<Metrics>,
 }
 
 impl Worker {
     /// Takes a batch, records it, answers each waiter, settles; until the queue closes.
     async fn run(mut self) {
-        while let Some(batch) = self.next_batch().await {
+        while let Some(batch) = self.batches.next().await {
             let generations: Vec<i64> = batch.iter().map(|job| job.generation.0).collect();
             let (reservations, answers): (Vec<Reservation>, Vec<_>) = batch
                 .into_iter()
                 .map(|job| (job.reservation, job.answer))
                 .unzip();
+            let size = reservations.len() as f64;
+            self.metrics
+                .group_size
+                .with_label_values(&["flash"])
+                .observe(size);
             let outcomes: Vec<Result<Recorded>> = match self
                 .writer
                 .record(&reservations, &generations)
@@ -127,6 +135,10 @@ impl Worker {
                     (0..answers.len()).map(|_| Ok(Recorded::NotSent)).collect()
                 }
                 Ok(Recording::Done(result)) => {
+                    self.metrics
+                        .group_transactions
+                        .with_label_values(&["flash"])
+                        .inc_by(result.transactions as u64);
                     let mut outcomes = vec![Recorded::Stored; answers.len()];
                     for (i, row) in result.repeats {
                         if let Some(outcome) = outcomes.get_mut(i) {
@@ -161,27 +173,6 @@ impl Worker {
             }
             self.settle(committed_by_voucher(reservations, &committed));
         }
-    }
-
-    /// What has queued (waiting for the first), then what arrives within the linger, up to
-    /// `batch_max`. `None` once every sender is gone.
-    async fn next_batch(&self) -> Option<Vec<Job>> {
-        let mut batch = Vec::new();
-        let mut jobs = self.jobs.lock().await;
-        if jobs.recv_many(&mut batch, self.batch_max).await == 0 {
-            return None;
-        }
-        if !self.linger.is_zero() {
-            let until = tokio::time::Instant::now() + self.linger;
-            while batch.len() < self.batch_max {
-                let room = self.batch_max - batch.len();
-                match tokio::time::timeout_at(until, jobs.recv_many(&mut batch, room)).await {
-                    Ok(n) if n > 0 => {}
-                    _ => break,
-                }
-            }
-        }
-        Some(batch)
     }
 
     /// The records of orders now committed move P -> A in the gate, one call per voucher,

@@ -6,11 +6,13 @@
 
 use std::collections::{HashMap, HashSet};
 
+use chrono::{DateTime, Utc};
+
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection, PgConnection, Postgres};
 
 use super::partitions::{store_offset, PartitionKey};
-use super::reservations::{take_customer_use, take_voucher_use, RedemptionRow, REDEMPTION_COLUMNS};
+use super::reservations::{RedemptionRow, REDEMPTION_COLUMNS};
 use crate::domain::Reservation;
 use crate::Result;
 
@@ -73,10 +75,33 @@ const KEEP_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
 const BATCH_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl DecidedWriter {
+    /// Records a batch a flash gate decided (see [`super::Store::record_decided`]).
     pub async fn record(
         &mut self,
         batch: &[Reservation],
         generations: &[i64],
+    ) -> Result<Recording> {
+        self.write(batch, generations, Terms::Decided).await
+    }
+
+    /// Decides and records a batch of standard-mode reservations, on PostgreSQL's clock:
+    /// the reservations' own times are ignored, each written row is reserved `now()` and
+    /// expires `ttl` later (`BatchResult::written`); a reservation outside the voucher's
+    /// window or below its minimum is refused `not_started`, `expired` or
+    /// `below_min_order`.
+    pub async fn reserve_standard(
+        &mut self,
+        batch: &[Reservation],
+        ttl: chrono::Duration,
+    ) -> Result<Recording> {
+        self.write(batch, &[], Terms::Standard { ttl }).await
+    }
+
+    async fn write(
+        &mut self,
+        batch: &[Reservation],
+        generations: &[i64],
+        terms: Terms,
     ) -> Result<Recording> {
         if self.last_used.elapsed() > KEEP_IDLE {
             // Handed back (not closed): the pool tests it before anyone uses it again.
@@ -91,7 +116,7 @@ impl DecidedWriter {
                 Err(e) => return Ok(Recording::NotSent(e.into())),
             },
         };
-        let writing = record_reserved(conn, batch, generations, None);
+        let writing = record_reserved(conn, batch, generations, None, terms);
         let recorded = match tokio::time::timeout(BATCH_DEADLINE, writing).await {
             Ok(recorded) => recorded,
             Err(_) => Err(crate::Error::unavailable(
@@ -125,6 +150,8 @@ pub enum Recording {
 pub struct BatchResult {
     /// New rows: uses recorded.
     pub inserted: usize,
+    /// Those rows, with the times stored (PostgreSQL's own, for standard mode).
+    pub written: Vec<Written>,
     /// Reservations whose row already existed (redelivery, replay): no-ops.
     pub duplicates: usize,
     /// Those repeats with the row PostgreSQL holds for them (by index in the batch): what
@@ -184,12 +211,13 @@ pub(super) async fn record_reserved(
     batch: &[Reservation],
     generations: &[i64],
     advance: Option<Advance<'_>>,
+    terms: Terms,
 ) -> Result<BatchResult> {
     let fence = Fence::new(batch, generations);
     let mut attempts = 0;
     loop {
         attempts += 1;
-        match record_batch(conn, batch, &fence, advance).await {
+        match record_batch(conn, batch, &fence, advance, terms).await {
             Ok(mut result) => {
                 result.transactions = attempts;
                 return Ok(result);
@@ -199,7 +227,7 @@ pub(super) async fn record_reserved(
             }
             Err(e) if refusal(&e).is_some() => {
                 tracing::warn!(error = %crate::error::cause_chain(&e), "batch refused; recording its reservations one by one");
-                let mut result = record_one_by_one(conn, batch, &fence).await?;
+                let mut result = record_one_by_one(conn, batch, &fence, terms).await?;
                 result.transactions += attempts;
                 return Ok(result);
             }
@@ -223,7 +251,6 @@ impl Fence {
             .collect();
         Self { generations }
     }
-
 }
 
 /// The vouchers of a batch, each once, in the order their rows are locked.
@@ -244,9 +271,10 @@ async fn record_batch(
     batch: &[Reservation],
     fence: &Fence,
     advance: Option<Advance<'_>>,
+    terms: Terms,
 ) -> Result<BatchResult, sqlx::Error> {
     let Some(advance) = advance else {
-        let admitted = admit(&mut *conn, batch, fence).await?;
+        let admitted = admit(&mut *conn, batch, fence, terms).await?;
         // Rows never change voucher or customer: reading them after the commit is safe.
         let settled = if admitted.inserted.len() == batch.len() {
             Settled::default()
@@ -257,18 +285,18 @@ async fn record_batch(
             tx.commit().await?;
             settled
         };
-        return Ok(settled.into_result(admitted.inserted.len(), false));
+        return Ok(settled.into_result(admitted.inserted, false));
     };
     let mut tx = conn.begin().await?;
     by_index(&mut tx).await?;
-    let admitted = admit(&mut tx, batch, fence).await?;
+    let admitted = admit(&mut tx, batch, fence, terms).await?;
     let settled = classify(&mut tx, batch, &admitted).await?;
     let offset_stored = settled.refused.is_empty() && settled.stale.is_empty();
     if offset_stored {
         store_offset(&mut tx, advance.key, advance.next_offset, advance.owner).await?;
     }
     tx.commit().await?;
-    Ok(settled.into_result(admitted.inserted.len(), offset_stored))
+    Ok(settled.into_result(admitted.inserted, offset_stored))
 }
 
 /// What became of the reservations of a batch that were not inserted.
@@ -280,9 +308,10 @@ struct Settled {
 }
 
 impl Settled {
-    fn into_result(self, inserted: usize, offset_stored: bool) -> BatchResult {
+    fn into_result(self, written: Vec<Written>, offset_stored: bool) -> BatchResult {
         BatchResult {
-            inserted,
+            inserted: written.len(),
+            written,
             duplicates: self.repeats.len(),
             repeats: self.repeats,
             refused: self.refused,
@@ -308,14 +337,46 @@ async fn classify(
         .map(|(i, _)| *i)
         .chain(admitted.stale.iter().copied())
         .collect();
-    let fresh: HashSet<&str> = admitted.inserted.iter().map(String::as_str).collect();
-    let undecided: Vec<usize> = (0..batch.len()).filter(|i| !decided.contains(i)).collect();
-    let rest: Vec<Reservation> = undecided.iter().map(|&i| batch[i].clone()).collect();
+    let fresh: HashSet<&str> = admitted
+        .inserted
+        .iter()
+        .map(|w| w.order_id.as_str())
+        .collect();
     let mut settled = Settled {
         refused: admitted.refused.clone(),
         stale: admitted.stale.clone(),
         ..Settled::default()
     };
+    // A later occurrence of an orderId the statement refused, or found stale, the first
+    // time in this batch: the same request (a concurrent retry) gets the same answer.
+    let mut first_of: HashMap<&str, usize> = HashMap::new();
+    for (i, r) in batch.iter().enumerate() {
+        first_of.entry(r.order_id.as_str()).or_insert(i);
+    }
+    let refused_first: HashMap<usize, &str> = admitted
+        .refused
+        .iter()
+        .map(|(i, why)| (*i, why.as_str()))
+        .collect();
+    let mut undecided = Vec::new();
+    for i in (0..batch.len()).filter(|i| !decided.contains(i)) {
+        let first = first_of
+            .get(batch[i].order_id.as_str())
+            .copied()
+            .unwrap_or(i);
+        if first != i && batch[i].is_same_use(&batch[first]) {
+            if let Some(why) = refused_first.get(&first) {
+                settled.refused.push((i, (*why).to_owned()));
+                continue;
+            }
+            if admitted.stale.contains(&first) {
+                settled.stale.push(i);
+                continue;
+            }
+        }
+        undecided.push(i);
+    }
+    let rest: Vec<Reservation> = undecided.iter().map(|&i| batch[i].clone()).collect();
     for (k, found) in classify_existing(conn, &rest, &fresh).await? {
         let i = undecided[k];
         match found {
@@ -326,116 +387,45 @@ async fn classify(
     Ok(settled)
 }
 
+/// The last resort for a batch the CHECKs refused however often it was decided: each
+/// reservation decided alone, in its own transaction, so that a refusal sets aside only
+/// the one that breaks a constraint.
 async fn record_one_by_one(
     conn: &mut PgConnection,
     batch: &[Reservation],
     fence: &Fence,
+    terms: Terms,
 ) -> Result<BatchResult> {
     let mut result = BatchResult::default();
-    let mut duplicates = vec![];
     for (i, reservation) in batch.iter().enumerate() {
+        let alone = Fence {
+            generations: vec![fence.generations[i]],
+        };
         result.transactions += 1;
-        match record_single(conn, reservation, fence.generations[i]).await? {
-            Single::Inserted => result.inserted += 1,
-            Single::Duplicate => duplicates.push(i),
-            Single::Refused(reason) => result.refused.push((i, reason)),
-            Single::Stale => result.stale.push(i),
-        }
+        let one = match record_batch(conn, std::slice::from_ref(reservation), &alone, None, terms)
+            .await
+        {
+            Ok(one) => one,
+            Err(e) => match refusal(&e) {
+                Some(reason) => {
+                    result.refused.push((i, reason));
+                    continue;
+                }
+                None => return Err(e.into()),
+            },
+        };
+        result.inserted += one.inserted;
+        result.written.extend(one.written);
+        result.duplicates += one.duplicates;
+        result
+            .repeats
+            .extend(one.repeats.into_iter().map(|(_, row)| (i, row)));
+        result
+            .refused
+            .extend(one.refused.into_iter().map(|(_, why)| (i, why)));
+        result.stale.extend(one.stale.into_iter().map(|_| i));
     }
-    // A "duplicate" whose stored row is another reservation's is refused.
-    let repeated: Vec<Reservation> = duplicates.iter().map(|&i| batch[i].clone()).collect();
-    for (k, found) in classify_existing(conn, &repeated, &HashSet::new()).await? {
-        match found {
-            Existing::Repeat(row) => result.repeats.push((duplicates[k], row)),
-            Existing::Conflict => result
-                .refused
-                .push((duplicates[k], ORDER_ID_TAKEN.to_owned())),
-        }
-    }
-    result.duplicates = result.repeats.len();
     Ok(result)
-}
-
-/// One reservation in its own transaction (fenced by `generation` unless 0).
-async fn record_single(
-    conn: &mut PgConnection,
-    r: &Reservation,
-    generation: i64,
-) -> Result<Single> {
-    let mut tx = conn.begin().await?;
-    let single = write_single(&mut tx, r, generation).await?;
-    // Ended here, either way: a transaction merely dropped leaves its ROLLBACK in the
-    // connection's write buffer, and a connection kept between batches (the recorder's)
-    // would sit in it, holding its locks, until its next statement.
-    match single {
-        Single::Inserted => tx.commit().await?,
-        _ => tx.rollback().await?,
-    }
-    Ok(single)
-}
-
-/// The writes of [`record_single`] inside its transaction; anything but `Inserted` is
-/// rolled back by the caller.
-async fn write_single(
-    tx: &mut sqlx::Transaction<'_, Postgres>,
-    r: &Reservation,
-    generation: i64,
-) -> Result<Single> {
-    if generation != 0 {
-        let latest: Option<i64> = sqlx::query_scalar(
-            "SELECT gate_generation FROM vouchers WHERE code = $1 FOR NO KEY UPDATE",
-        )
-        .bind(r.voucher_code.as_str())
-        .fetch_optional(&mut **tx)
-        .await?;
-        if latest != Some(generation) {
-            return Ok(Single::Stale);
-        }
-    }
-    let insert = sqlx::query(
-        "INSERT INTO redemptions (voucher_code, customer_id, order_id, order_amount,
-                                  discount_amount, reserved_at, expires_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)
-         ON CONFLICT (order_id) DO NOTHING",
-    )
-    .bind(r.voucher_code.as_str())
-    .bind(r.customer_id.as_str())
-    .bind(r.order_id.as_str())
-    .bind(r.order_amount.minor_units())
-    .bind(r.discount_amount.minor_units())
-    .bind(r.reserved_at)
-    .bind(r.expires_at)
-    .execute(&mut **tx)
-    .await;
-    let inserted = match insert {
-        Ok(done) => done.rows_affected() == 1,
-        Err(err) => {
-            return match refusal(&err) {
-                Some(reason) => Ok(Single::Refused(reason)),
-                None => Err(err.into()),
-            }
-        }
-    };
-    if !inserted {
-        return Ok(Single::Duplicate);
-    }
-    // The conditional updates say "no" instead of raising; the reason is the constraint
-    // that would have refused the same write.
-    let (code, customer) = (r.voucher_code.as_str(), r.customer_id.as_str());
-    if !take_customer_use(tx, code, customer).await? {
-        return Ok(Single::Refused("customer_usage_within_limit".into()));
-    }
-    if !take_voucher_use(tx, code).await? {
-        return Ok(Single::Refused("vouchers_used_within_limit".into()));
-    }
-    Ok(Single::Inserted)
-}
-
-enum Single {
-    Inserted,
-    Duplicate,
-    Refused(String),
-    Stale,
 }
 
 /// Makes the rest of the transaction look rows up by their indexes whatever the planner's
@@ -459,7 +449,8 @@ pub(super) async fn by_index(conn: &mut PgConnection) -> Result<(), sqlx::Error>
 /// - stale, if its gate's generation is not the voucher's latest (the fence, see
 ///   [`super::Store::record_decided`]);
 /// - left for [`classify_existing`], if its orderId has a row already (a repeat, or
-///   another reservation's);
+///   another reservation's) or came earlier in the batch (a concurrent retry: it takes
+///   no place of its own, and is answered as the first occurrence is);
 /// - refused `customer_usage_within_limit` past its customer's limit, then
 ///   `vouchers_used_within_limit` past the voucher's: the names of the CHECKs that would
 ///   refuse the same write;
@@ -474,11 +465,23 @@ async fn admit(
     conn: &mut PgConnection,
     batch: &[Reservation],
     fence: &Fence,
+    terms: Terms,
 ) -> Result<Admitted, sqlx::Error> {
     let text = |f: fn(&Reservation) -> &str| batch.iter().map(f).collect::<Vec<_>>();
-    let rows: Vec<(Option<String>, Option<i64>, Option<String>)> = sqlx::query_as(
+    let (times, ttl): (Vec<Option<Stay>>, _) = match terms {
+        Terms::Decided => (
+            batch
+                .iter()
+                .map(|r| Some((r.reserved_at, r.expires_at)))
+                .collect(),
+            chrono::Duration::zero(),
+        ),
+        Terms::Standard { ttl } => (vec![None; batch.len()], ttl),
+    };
+    let rows: Vec<AdmitRow> = sqlx::query_as(
         "WITH input AS (
-             SELECT u.*
+             SELECT u.*, row_number() OVER (PARTITION BY u.order_id ORDER BY u.idx)
+                             AS nth_of_order
              FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[],
                          $6::timestamptz[], $7::timestamptz[], $8::int8[])
                   WITH ORDINALITY
@@ -486,7 +489,8 @@ async fn admit(
                        reserved_at, expires_at, generation, idx)
          ),
          voucher AS (
-             SELECT code, used_count, total_limit, per_user_limit, gate_generation
+             SELECT code, used_count, total_limit, per_user_limit, gate_generation,
+                    min_order_amount, now() < starts_at AS early, now() >= ends_at AS late
              FROM vouchers WHERE code = ANY($9::text[])
              ORDER BY code
              FOR NO KEY UPDATE
@@ -504,8 +508,14 @@ async fn admit(
                         WHEN v.code IS NULL THEN 'redemptions_voucher_fkey'
                         WHEN i.generation <> 0 AND i.generation <> v.gate_generation
                             THEN 'stale'
-                        WHEN EXISTS (SELECT 1 FROM redemptions r WHERE r.order_id = i.order_id)
+                        WHEN i.nth_of_order > 1
+                          OR EXISTS (SELECT 1 FROM redemptions r WHERE r.order_id = i.order_id)
                             THEN 'known'
+                        WHEN $10 AND v.early THEN 'not_started'
+                        WHEN $10 AND v.late THEN 'expired'
+                        WHEN $10 AND i.order_amount < v.min_order_amount
+                            THEN 'below_min_order'
+                        WHEN v.used_count >= v.total_limit THEN 'vouchers_used_within_limit'
                     END AS verdict
              FROM input i
              LEFT JOIN voucher v ON v.code = i.voucher_code
@@ -528,11 +538,11 @@ async fn admit(
              INSERT INTO redemptions (voucher_code, customer_id, order_id, order_amount,
                                       discount_amount, reserved_at, expires_at)
              SELECT voucher_code, customer_id, order_id, order_amount, discount_amount,
-                    reserved_at, expires_at
+                    coalesce(reserved_at, now()), coalesce(expires_at, now() + $11::interval)
              FROM by_voucher WHERE voucher_uses <= total_limit
              ORDER BY order_id
              ON CONFLICT (order_id) DO NOTHING
-             RETURNING voucher_code, customer_id, order_id
+             RETURNING voucher_code, customer_id, order_id, reserved_at, expires_at
          ),
          customers AS (
              INSERT INTO customer_usage AS u (voucher_code, customer_id, active_count,
@@ -550,14 +560,15 @@ async fn admit(
                    GROUP BY voucher_code) n
              WHERE v.code = n.voucher_code
          )
-         SELECT order_id, NULL::int8, NULL::text FROM inserted
+         SELECT order_id, reserved_at, expires_at, NULL::int8 AS idx, NULL::text AS verdict
+         FROM inserted
          UNION ALL
-         SELECT NULL, idx, verdict FROM candidate WHERE verdict <> 'known'
+         SELECT NULL, NULL, NULL, idx, verdict FROM candidate WHERE verdict <> 'known'
          UNION ALL
-         SELECT NULL, idx, 'customer_usage_within_limit' FROM by_customer
+         SELECT NULL, NULL, NULL, idx, 'customer_usage_within_limit' FROM by_customer
          WHERE customer_uses > per_user_limit
          UNION ALL
-         SELECT NULL, idx, 'vouchers_used_within_limit' FROM by_voucher
+         SELECT NULL, NULL, NULL, idx, 'vouchers_used_within_limit' FROM by_voucher
          WHERE voucher_uses > total_limit",
     )
     .bind(text(|r| r.voucher_code.as_str()))
@@ -575,18 +586,33 @@ async fn admit(
             .map(|r| r.discount_amount.minor_units())
             .collect::<Vec<_>>(),
     )
-    .bind(batch.iter().map(|r| r.reserved_at).collect::<Vec<_>>())
-    .bind(batch.iter().map(|r| r.expires_at).collect::<Vec<_>>())
+    .bind(times.iter().map(|t| t.map(|t| t.0)).collect::<Vec<_>>())
+    .bind(times.iter().map(|t| t.map(|t| t.1)).collect::<Vec<_>>())
     .bind(&fence.generations)
     .bind(voucher_codes(batch))
+    .bind(matches!(terms, Terms::Standard { .. }))
+    .bind(ttl)
     .fetch_all(conn)
     .await?;
     let mut admitted = Admitted::default();
     for row in rows {
         match row {
-            (Some(order_id), None, None) => admitted.inserted.push(order_id),
+            AdmitRow {
+                order_id: Some(order_id),
+                reserved_at: Some(reserved_at),
+                expires_at: Some(expires_at),
+                ..
+            } => admitted.inserted.push(Written {
+                order_id,
+                reserved_at,
+                expires_at,
+            }),
             // WITH ORDINALITY counts from 1.
-            (_, Some(nth), Some(verdict)) => {
+            AdmitRow {
+                idx: Some(nth),
+                verdict: Some(verdict),
+                ..
+            } => {
                 let Some(i) = usize::try_from(nth - 1).ok().filter(|i| *i < batch.len()) else {
                     continue;
                 };
@@ -602,13 +628,47 @@ async fn admit(
     Ok(admitted)
 }
 
-/// What [`admit`] did: the orderIds inserted, and the reservations it refused (by index
-/// in the batch, with the constraint's name) or found stale.
+/// When a reservation was reserved, and when it expires.
+type Stay = (DateTime<Utc>, DateTime<Utc>);
+
+/// One row of [`admit`]'s answer: a row it inserted, or a reservation's verdict.
+#[derive(sqlx::FromRow)]
+struct AdmitRow {
+    order_id: Option<String>,
+    reserved_at: Option<DateTime<Utc>>,
+    expires_at: Option<DateTime<Utc>>,
+    idx: Option<i64>,
+    verdict: Option<String>,
+}
+
+/// What [`admit`] did: the rows inserted, and the reservations it refused (by index in
+/// the batch, with the constraint's name or the ineligibility) or found stale.
 #[derive(Default)]
 struct Admitted {
-    inserted: Vec<String>,
+    inserted: Vec<Written>,
     refused: Vec<(usize, String)>,
     stale: Vec<usize>,
+}
+
+/// A row a batch inserted, with its times as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    pub order_id: String,
+    pub reserved_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// On what terms a batch is admitted.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Terms {
+    /// Decided before (by a flash gate): the reservations' own times are stored, and the
+    /// sale window and minimum, which the gate checked, are not checked again.
+    Decided,
+    /// Standard mode, decided here: PostgreSQL's clock reserves (`now()`, expiring `ttl`
+    /// later; the reservations' own times are ignored), and the window and the minimum
+    /// order are checked (`not_started`, `expired`, `below_min_order`) after a repeat is
+    /// recognised, before any limit.
+    Standard { ttl: chrono::Duration },
 }
 
 /// The constraint an orderId that belongs to another reservation would break.

@@ -22,7 +22,7 @@ use secrecy::ExposeSecret;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
-pub use batch::{BatchResult, DecidedWriter, Recording};
+pub use batch::{BatchResult, DecidedWriter, Recording, Written};
 pub use gate_state::{GateRead, ReconcileView};
 pub use partitions::{OwnedPartition, PartitionKey};
 pub use reservations::ReserveOutcome;

@@ -114,7 +114,7 @@ impl OwnedPartition {
             next_offset,
             owner: &self.owner,
         });
-        batch::record_reserved(&mut self.conn, batch, &[], advance).await
+        batch::record_reserved(&mut self.conn, batch, &[], advance, batch::Terms::Decided).await
     }
 
     /// Stores `next_offset` as the partition's; never moves it back.

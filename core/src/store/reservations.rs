@@ -3,10 +3,7 @@ use sqlx::{FromRow, PgConnection};
 use voucher_contract::order_filter::OrderFilter;
 
 use super::Store;
-use crate::domain::{
-    CustomerId, Money, OrderId, Reservation, ReservationRequest, ReservationStatus, Voucher,
-    VoucherCode,
-};
+use crate::domain::{CustomerId, Money, OrderId, Reservation, ReservationStatus, VoucherCode};
 use crate::{Error, Result};
 
 /// A `redemptions` row as stored.
@@ -61,15 +58,6 @@ impl ReserveOutcome {
     }
 }
 
-/// Turns an existing reservation for the same orderId into the answer for `request`.
-fn answer_retry(existing: Reservation, request: &ReservationRequest) -> Result<ReserveOutcome> {
-    if existing.is_retry_of(request) {
-        Ok(ReserveOutcome::Retried(existing))
-    } else {
-        Err(Error::OrderIdConflict)
-    }
-}
-
 impl Store {
     /// The reservation by its orderId, whatever voucher it belongs to.
     pub async fn reservation_by_order(&self, order_id: &OrderId) -> Result<Option<Reservation>> {
@@ -80,81 +68,6 @@ impl Store {
         .fetch_optional(self.pool())
         .await?;
         row.map(Reservation::try_from).transpose()
-    }
-
-    /// Standard mode: decides and records a reservation in one PostgreSQL transaction.
-    ///
-    /// Time is PostgreSQL's (`now()`), never the calling core's: every core decides the
-    /// sale window and the TTL by the same clock, however far its own is off.
-    ///
-    /// Precedence of answers: a retry of a served request gets its reservation back (even
-    /// after the sale ended or sold out); then eligibility (422); then OUT_OF_STOCK when
-    /// the voucher is visibly sold out; then, under locks, the per-customer limit and the
-    /// total limit. The conditional UPDATE on the voucher row is the gate: PostgreSQL
-    /// re-evaluates `used_count < total_limit` after taking the row lock, so two
-    /// transactions can never both take the last use.
-    #[tracing::instrument(skip_all, fields(code = %voucher.code, order_id = %request.order_id))]
-    pub async fn reserve_standard(
-        &self,
-        voucher: &Voucher,
-        request: &ReservationRequest,
-        ttl: chrono::Duration,
-    ) -> Result<ReserveOutcome> {
-        // One round trip answers the cheap questions before any lock is taken.
-        #[derive(FromRow)]
-        struct Precheck {
-            sold_out: bool,
-            existing_order_id: Option<String>,
-            now: DateTime<Utc>,
-        }
-        let pre: Option<Precheck> = sqlx::query_as(
-            "SELECT v.used_count >= v.total_limit AS sold_out, r.order_id AS existing_order_id,
-                    now() AS now
-             FROM vouchers v LEFT JOIN redemptions r ON r.order_id = $2
-             WHERE v.code = $1",
-        )
-        .bind(voucher.code.as_str())
-        .bind(request.order_id.as_str())
-        .fetch_optional(self.pool())
-        .await?;
-        let pre = pre.ok_or(Error::VoucherNotFound)?;
-        let now = pre.now;
-        if pre.existing_order_id.is_some() {
-            return self.answer_existing(request).await;
-        }
-        voucher
-            .check_eligible(now, request.order_amount)
-            .map_err(Error::NotEligible)?;
-        if pre.sold_out {
-            return Err(Error::OutOfStock);
-        }
-
-        let mut tx = self.pool().begin().await?;
-        let inserted = insert_redemption(&mut tx, voucher, request, now, now + ttl).await?;
-        let Some(reservation) = inserted else {
-            // A concurrent request with this orderId committed first: PostgreSQL waited for
-            // it on the unique index, so its row is visible to our next statement.
-            tx.rollback().await?;
-            return self.answer_existing(request).await;
-        };
-        if !take_customer_use(&mut tx, voucher.code.as_str(), request.customer_id.as_str()).await? {
-            tx.rollback().await?;
-            return Err(Error::AlreadyUsed);
-        }
-        if !take_voucher_use(&mut tx, voucher.code.as_str()).await? {
-            tx.rollback().await?;
-            return Err(Error::OutOfStock);
-        }
-        tx.commit().await?;
-        Ok(ReserveOutcome::Reserved(reservation))
-    }
-
-    async fn answer_existing(&self, request: &ReservationRequest) -> Result<ReserveOutcome> {
-        let existing = self
-            .reservation_by_order(&request.order_id)
-            .await?
-            .ok_or_else(|| Error::internal(anyhow::anyhow!("reservation vanished")))?;
-        answer_retry(existing, request)
     }
 
     /// Confirms a reservation. Idempotent: confirming a confirmed one answers the same.
@@ -256,68 +169,6 @@ impl Store {
         .await?;
         row.ok_or(Error::ReservationNotFound)?.try_into()
     }
-}
-
-/// Inserts the RESERVED row; `None` when the orderId is already taken.
-async fn insert_redemption(
-    conn: &mut PgConnection,
-    voucher: &Voucher,
-    request: &ReservationRequest,
-    reserved_at: DateTime<Utc>,
-    expires_at: DateTime<Utc>,
-) -> Result<Option<Reservation>> {
-    let row: Option<RedemptionRow> = sqlx::query_as(&format!(
-        "INSERT INTO redemptions (voucher_code, customer_id, order_id, order_amount,
-                                  discount_amount, reserved_at, expires_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)
-         ON CONFLICT (order_id) DO NOTHING
-         RETURNING {REDEMPTION_COLUMNS}"
-    ))
-    .bind(voucher.code.as_str())
-    .bind(request.customer_id.as_str())
-    .bind(request.order_id.as_str())
-    .bind(request.order_amount.minor_units())
-    .bind(voucher.discount_for(request.order_amount).minor_units())
-    .bind(reserved_at)
-    .bind(expires_at)
-    .fetch_optional(conn)
-    .await?;
-    row.map(Reservation::try_from).transpose()
-}
-
-/// Takes one of the customer's uses if it has one left. The upsert locks the customer's
-/// row, so two orders of one customer are serialised and the second sees the first.
-pub(super) async fn take_customer_use(
-    conn: &mut PgConnection,
-    code: &str,
-    customer: &str,
-) -> Result<bool> {
-    let taken = sqlx::query(
-        "INSERT INTO customer_usage AS u (voucher_code, customer_id, active_count, per_user_limit)
-         SELECT v.code, $2, 1, v.per_user_limit FROM vouchers v WHERE v.code = $1
-         ON CONFLICT (voucher_code, customer_id)
-         DO UPDATE SET active_count = u.active_count + 1
-         WHERE u.active_count < u.per_user_limit",
-    )
-    .bind(code)
-    .bind(customer)
-    .execute(conn)
-    .await?
-    .rows_affected();
-    Ok(taken == 1)
-}
-
-/// The gate of standard mode: takes one use if one is left.
-pub(super) async fn take_voucher_use(conn: &mut PgConnection, code: &str) -> Result<bool> {
-    let taken = sqlx::query(
-        "UPDATE vouchers SET used_count = used_count + 1
-         WHERE code = $1 AND used_count < total_limit",
-    )
-    .bind(code)
-    .execute(conn)
-    .await?
-    .rows_affected();
-    Ok(taken == 1)
 }
 
 /// Gives back one use per released reservation, to its customer and its voucher, taking

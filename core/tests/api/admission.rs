@@ -21,8 +21,11 @@ async fn core_admitting(initial: usize, min: usize, max: usize) -> TestEnv {
         s.admission.min_limit = min;
         s.admission.max_limit = max;
         s.admission.latency_target = Duration::from_millis(50);
-        // More connections than reservations held, so each held one waits on the row.
+        // Each held reservation in a statement of its own, on a connection of its own, so
+        // that every one of them waits on the row (grouped, they would wait as one).
         s.database.max_connections = 20;
+        s.standard.group_workers = 16;
+        s.standard.group_batch_max = 1;
     })
     .await
 }

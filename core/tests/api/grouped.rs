@@ -104,7 +104,10 @@ async fn the_checks_still_refuse_what_the_statement_would_have_let_through() {
         .expect("lower the row's copy");
     let result = store
         .record_decided(
-            &[use_of("GUARDED", "h-2", "c1"), use_of("GUARDED", "h-3", "c2")],
+            &[
+                use_of("GUARDED", "h-2", "c1"),
+                use_of("GUARDED", "h-3", "c2"),
+            ],
             &[],
         )
         .await
@@ -120,4 +123,104 @@ async fn the_checks_still_refuse_what_the_statement_would_have_let_through() {
     assert_eq!(result.transactions, 5, "{result:?}");
     assert_eq!(used_count(&env, "GUARDED").await, 2);
     env.finish(&[]).await;
+}
+
+/// Standard mode over HTTP: twenty reservations held behind the voucher's row (the first
+/// group's statement waits on it, the rest queue) are decided in a few statements, not
+/// twenty transactions; exactly the limit is issued, a concurrent retry of one order is
+/// one use with one body, and PostgreSQL's clock sets every reservation's times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_standard_reservations_are_decided_in_groups() {
+    use std::time::Duration;
+
+    use reqwest::StatusCode;
+    use sqlx::Connection;
+    use voucher_testkit::helpers::ApiClient;
+    use voucher_testkit::locks::{lock_voucher_row, until_waiting_on_locks};
+    use voucher_testkit::sale::accepted;
+    use voucher_testkit::wait::eventually;
+
+    // Admission on, far above what is sent, only for its count of requests in flight.
+    let env = TestEnv::start_with(|s| {
+        s.admission.enabled = true;
+        s.admission.initial_limit = 256;
+        s.admission.max_limit = 256;
+        s.admission.latency_target = Duration::from_secs(30);
+    })
+    .await;
+    env.app.given_voucher(voucher_body("GROUPED", 12, 1)).await;
+    let blocker = lock_voucher_row(&env.db.url, "GROUPED").await;
+    let mut orders: Vec<(String, String)> = (0..18)
+        .map(|i| (format!("gc{i}"), format!("go{i}")))
+        .collect();
+    // One order sent three times at once: a client's retries.
+    orders.extend((0..2).map(|_| ("gc0".to_owned(), "go0".to_owned())));
+    let sent: Vec<_> = orders
+        .into_iter()
+        .map(|(customer, order)| {
+            let api = ApiClient::new(env.app.api.base.clone());
+            tokio::spawn(async move { api.attempt("GROUPED", &customer, &order, 100_000).await })
+        })
+        .collect();
+    until_waiting_on_locks(&env.pool, 1, "the first group to wait on the row").await;
+    eventually(Duration::from_secs(20), "all twenty in flight", || async {
+        let in_flight = env
+            .app
+            .metrics()
+            .await
+            .sum("voucher_admission_in_flight", &[]);
+        (in_flight == 20.0).then_some(())
+    })
+    .await;
+    blocker.close().await.expect("row let go");
+    let mut attempts = Vec::new();
+    for s in sent {
+        attempts.push(s.await.expect("reservation"));
+    }
+
+    let created: Vec<_> = attempts
+        .iter()
+        .filter(|a| a.status == StatusCode::CREATED)
+        .collect();
+    let sold_out: std::collections::BTreeSet<&str> = attempts
+        .iter()
+        .filter(|a| a.status == StatusCode::CONFLICT && a.body["error"] == "OUT_OF_STOCK")
+        .map(|a| a.order.as_str())
+        .collect();
+    // 18 orders for 12 uses: 12 issued, 6 sold out, every attempt one or the other (the
+    // order sent three times is answered alike each time, whichever it is).
+    let distinct: std::collections::BTreeSet<&str> = created
+        .iter()
+        .filter_map(|a| a.body["orderId"].as_str())
+        .collect();
+    assert_eq!((distinct.len(), sold_out.len()), (12, 6), "{attempts:#?}");
+    assert!(distinct.is_disjoint(&sold_out), "{attempts:#?}");
+    let first_order: Vec<_> = attempts.iter().filter(|a| a.order == "go0").collect();
+    assert!(
+        first_order.iter().all(|a| a.body == first_order[0].body),
+        "every attempt of one order gets one body: {first_order:#?}"
+    );
+    assert_eq!(env.app.voucher_json("GROUPED").await["usedCount"], 12);
+    // Times are PostgreSQL's: reserved within this test, expiring one TTL later.
+    let (reserved, expires): (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>) =
+        sqlx::query_as("SELECT reserved_at, expires_at FROM redemptions WHERE order_id = $1")
+            .bind(created[0].order.as_str())
+            .fetch_one(&env.pool)
+            .await
+            .expect("row");
+    assert_eq!(expires - reserved, chrono::Duration::minutes(15));
+    let metrics = env.app.metrics().await;
+    let statements = metrics.sum("voucher_group_size_count", &[("mode", "standard")]);
+    assert_eq!(
+        metrics.sum("voucher_group_size_sum", &[("mode", "standard")]),
+        20.0
+    );
+    // The first group, the one that queued behind it, and at most a few stragglers.
+    assert!((2.0..=5.0).contains(&statements), "{statements} statements");
+    assert_eq!(
+        metrics.sum("voucher_group_transactions_total", &[("mode", "standard")]),
+        statements,
+        "no group was decided twice"
+    );
+    env.finish(&accepted(&attempts)).await;
 }
