@@ -4,6 +4,7 @@
 #   STEP_SECS=3 SALE_RATES=5000,10000,20000 ./loadtest/bench.sh
 #   BENCH_ONLY=rate-limits ./loadtest/bench.sh   # only the edge's rate limits' and access log's cost: RATE-LIMITS.md
 #   BENCH_ONLY=accept ACCEPT_RATES=2000,4000,8000 ./loadtest/bench.sh   # only accepting at a core, CPU per process: ACCEPT.md
+#   ACCEPT_MODE=standard BENCH_ONLY=accept ./loadtest/bench.sh   # the same on a standard voucher: ACCEPT-standard.md
 #   BENCH_ONLY=sale ./loadtest/bench.sh     # only the flash sale through the edge, beside the edge's reject path: SALE.md
 #   BENCH_ONLY=reject ./loadtest/bench.sh   # only the edge's reject path vs bare server, minimal Pingora, nginx: REJECT.md
 #   STEP_SECS=6 BENCH_ONLY=overload ./loadtest/bench.sh   # only a core offered up to 10x what it takes: OVERLOAD.md

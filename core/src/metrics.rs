@@ -47,6 +47,8 @@ pub struct Metrics {
     /// Transactions the grouped writers spent, by mode: one per group, more when a group
     /// was decided again or, as a last resort, one by one.
     pub group_transactions: IntCounterVec,
+    /// Reservations queued for a group, not yet taken into one, by mode.
+    pub group_queued: IntGaugeVec,
     /// Events per consumer batch.
     pub consumer_batch_size: Histogram,
     /// Events the consumer handled, by result (inserted, duplicate, dead_lettered).
@@ -173,6 +175,12 @@ impl Metrics {
                 &r,
                 "voucher_group_transactions_total",
                 "Transactions the grouped writers spent, by mode",
+                &["mode"],
+            ),
+            group_queued: gauge_vec(
+                &r,
+                "voucher_group_queued",
+                "Reservations queued for a group, not yet taken into one, by mode",
                 &["mode"],
             ),
             consumer_batch_size: register(

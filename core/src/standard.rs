@@ -37,6 +37,7 @@ struct Job {
 #[derive(Clone)]
 pub struct Grouper {
     queue: mpsc::Sender<Job>,
+    metrics: Arc<Metrics>,
 }
 
 impl Grouper {
@@ -60,7 +61,7 @@ impl Grouper {
             };
             tokio::spawn(worker.run());
         }
-        Self { queue }
+        Self { queue, metrics }
     }
 
     /// Decides `request` on `voucher` with the group it lands in, and waits for the answer.
@@ -84,13 +85,19 @@ impl Grouper {
             expires_at: now,
         };
         let (answer, answered) = oneshot::channel();
-        self.queue
+        let queued = self.metrics.group_queued.with_label_values(&["standard"]);
+        queued.inc();
+        let sent = self
+            .queue
             .send(Job {
                 reservation,
                 answer,
             })
-            .await
-            .map_err(|_| Error::unavailable("reservation grouper (stopped)"))?;
+            .await;
+        if sent.is_err() {
+            queued.dec();
+            return Err(Error::unavailable("reservation grouper (stopped)"));
+        }
         answered
             .await
             .map_err(|_| Error::unavailable("reservation grouper (stopped)"))?
@@ -112,11 +119,15 @@ impl Worker {
                 .into_iter()
                 .map(|job| (job.reservation, job.answer))
                 .unzip();
-            let size = reservations.len() as f64;
+            let size = reservations.len();
+            self.metrics
+                .group_queued
+                .with_label_values(&["standard"])
+                .sub(size as i64);
             self.metrics
                 .group_size
                 .with_label_values(&["standard"])
-                .observe(size);
+                .observe(size as f64);
             let outcomes = match self.writer.reserve_standard(&reservations, self.ttl).await {
                 Ok(Recording::Done(result)) => {
                     self.metrics

@@ -52,6 +52,7 @@ struct Job {
 #[derive(Clone)]
 pub struct Recorder {
     queue: mpsc::Sender<Job>,
+    metrics: Arc<Metrics>,
 }
 
 impl Recorder {
@@ -77,7 +78,7 @@ impl Recorder {
             };
             tokio::spawn(worker.run());
         }
-        Self { queue }
+        Self { queue, metrics }
     }
 
     /// Records `reservation` and waits for PostgreSQL's answer. An error means the outcome
@@ -89,14 +90,20 @@ impl Recorder {
         generation: Generation,
     ) -> Result<Recorded> {
         let (answer, answered) = oneshot::channel();
-        self.queue
+        let queued = self.metrics.group_queued.with_label_values(&["flash"]);
+        queued.inc();
+        let sent = self
+            .queue
             .send(Job {
                 reservation,
                 generation,
                 answer,
             })
-            .await
-            .map_err(|_| Error::unavailable("reservation recorder (stopped)"))?;
+            .await;
+        if sent.is_err() {
+            queued.dec();
+            return Err(Error::unavailable("reservation recorder (stopped)"));
+        }
         answered
             .await
             .map_err(|_| Error::unavailable("reservation recorder (stopped)"))?
@@ -120,11 +127,15 @@ impl Worker {
                 .into_iter()
                 .map(|job| (job.reservation, job.answer))
                 .unzip();
-            let size = reservations.len() as f64;
+            let size = reservations.len();
+            self.metrics
+                .group_queued
+                .with_label_values(&["flash"])
+                .sub(size as i64);
             self.metrics
                 .group_size
                 .with_label_values(&["flash"])
-                .observe(size);
+                .observe(size as f64);
             let outcomes: Vec<Result<Recorded>> = match self
                 .writer
                 .record(&reservations, &generations)

@@ -1,9 +1,10 @@
-//! `voucher-bench accept`: where the time of an accepted flash reservation goes. The hot
-//! flash voucher's ladder at one core (the accepting path of benchmark 3), and for every
-//! step the CPU each process of the stack spent per accepted reservation (`/proc` times,
-//! see [`crate::cpu`]), the writing transactions per use, the consumer's transactions,
-//! and the core's own view of its two waits (the gate script, PostgreSQL's grouped commit).
-//! Written to ACCEPT.md; the method is at its top.
+//! `voucher-bench accept`: where the time of an accepted reservation goes. The hot
+//! voucher's ladder at one core (the accepting path of benchmark 3), and for every step
+//! the CPU each process of the stack spent per accepted reservation (`/proc` times, see
+//! [`crate::cpu`]), the writing transactions per use, the consumer's transactions, the
+//! reservations per grouped statement, and the core's own view of its waits (the gate
+//! script, PostgreSQL's grouped commit). Flash mode (ACCEPT.md) or standard mode
+//! (`ACCEPT_MODE=standard`: ACCEPT-standard.md, no gate); the method is at its top.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -39,20 +40,25 @@ struct AcceptStep {
     consumer_transactions: f64,
     gate_ms: f64,
     record_ms: f64,
+    /// Reservations per grouped statement, on average (`voucher_group_size`).
+    group_size: f64,
 }
 
 impl Run {
     /// The accepting ladder at one core with the CPU breakdown; climbs until a step is not
     /// sustained (it stops at the first failed step above a sustained one).
-    pub async fn accept_breakdown(&mut self, rates: &[u64], step: Duration) -> anyhow::Result<()> {
+    pub async fn accept_breakdown(
+        &mut self,
+        rates: &[u64],
+        step: Duration,
+        mode: &str,
+    ) -> anyhow::Result<()> {
         // A warm-up first, neither timed nor reported: on a stack just started the first
         // step met cold pools, caches and producer metadata, and its p99 was the ladder's
         // worst even where the next, higher step held (runs of 2026-12-01).
         if let Some(&first) = rates.first() {
             let code = format!("A{}WARM", self.run_id);
-            self.stack
-                .create_voucher(&code, 10_000_000, "flash")
-                .await?;
+            self.stack.create_voucher(&code, 10_000_000, mode).await?;
             let warm = Duration::from_secs(2).min(step);
             let outcome = load::run(reserve_plan(
                 self.core,
@@ -70,12 +76,11 @@ impl Run {
             // A voucher per step: every request of the step is a new order, none a retry
             // of an earlier step's.
             let code = format!("A{}R{rate}", self.run_id);
-            self.stack
-                .create_voucher(&code, 10_000_000, "flash")
-                .await?;
+            self.stack.create_voucher(&code, 10_000_000, mode).await?;
             let tag = "a";
             let (_, _, xid_before, consumer_before) = self.stack.sale_counters().await?;
             let waits_before = self.waits().await?;
+            let groups_before = self.groups(mode).await?;
             let before = cpu::sample();
             let outcome = load::run(reserve_plan(
                 self.core,
@@ -89,6 +94,7 @@ impl Run {
             let after = cpu::sample();
             let (_, _, xid_after, consumer_after) = self.stack.sale_counters().await?;
             let waits_after = self.waits().await?;
+            let groups_after = self.groups(mode).await?;
             remember_accepted(&self.accepted, &code, tag, &outcome);
             let accepted = outcome.count(|s| s.status == 201);
             let per = |sum: f64, count: f64| 1000.0 * sum / count.max(1.0);
@@ -109,43 +115,50 @@ impl Run {
                     waits_after.2 - waits_before.2,
                     waits_after.3 - waits_before.3,
                 ),
+                group_size: (groups_after.0 - groups_before.0)
+                    / (groups_after.1 - groups_before.1).max(1.0),
             });
             if !steps.last().is_some_and(|s| s.sustained) {
                 break;
             }
         }
-        let alone = self.decision_alone(step).await?;
+        let alone = self.decision_alone(step, mode).await?;
         self.invariants().await?;
         let mut md = String::new();
-        writeln!(md, "# Where an accepted flash reservation's time goes\n")?;
+        writeln!(md, "# Where an accepted {mode} reservation's time goes\n")?;
         writeln!(md, "- when: {}", chrono::Utc::now().to_rfc3339())?;
         writeln!(md, "- machine: {}", crate::probe::machine())?;
-        writeln!(md, "- command: `BENCH_ONLY=accept ./loadtest/bench.sh` (steps of {} s, rates in ACCEPT_RATES, after an untimed warm-up of 2 s at the first rate)", step.as_secs())?;
-        writeln!(md, "- load: new reservations of one flash voucher of 10,000,000 uses, straight to one core, open model, {SALE_CONNECTIONS} connections; PostgreSQL deciding")?;
+        writeln!(md, "- command: `ACCEPT_MODE={mode} BENCH_ONLY=accept ./loadtest/bench.sh` (steps of {} s, rates in ACCEPT_RATES, after an untimed warm-up of 2 s at the first rate)", step.as_secs())?;
+        writeln!(md, "- load: new reservations of one {mode} voucher of 10,000,000 uses, straight to one core, open model, {SALE_CONNECTIONS} connections; PostgreSQL deciding")?;
         writeln!(md, "- CPU: user plus system time of every process of the stack from `/proc/<pid>/stat`, read right before and after the step, divided by the step's accepted reservations (µs per accept); `machine busy` is all of it over the step's wall time on 2 cores. The cores' column sums both cores (the one not called runs its background jobs); PostgreSQL sums every backend and its own processes")?;
         writeln!(md, "- writing transactions: the server's transaction ids taken over the step (only writing transactions take one), whole server; consumer transactions from `voucher_consumer_transactions_total`")?;
-        writeln!(md, "- waits: the core's mean time in the gate script (`voucher_gate_duration_seconds`) and in PostgreSQL's grouped commit, queue included (`voucher_record_duration_seconds`)")?;
+        writeln!(md, "- waits: the core's mean time in the gate script (`voucher_gate_duration_seconds`) and in PostgreSQL's grouped commit, queue included (`voucher_record_duration_seconds`); flash mode only. Uses per statement: the mean of `voucher_group_size` for the mode over the step")?;
         writeln!(md, "- sustained: answers at 97% of the offered rate or more, at most 1% late starts, p99 < 100 ms, no connection error, at most 0.1% 503s\n")?;
-        writeln!(md, "| offered/s | accepted/s | p99 | sustained | {} | writing transactions per use | consumer transactions | gate wait | commit wait |", CpuSpent::header())?;
-        let columns = 4 + 8 + 4;
+        writeln!(md, "| offered/s | accepted/s | p99 | sustained | {} | writing transactions per use | uses per statement | consumer transactions | gate wait | commit wait |", CpuSpent::header())?;
+        let columns = 4 + 8 + 5;
         writeln!(md, "|{}", "---|".repeat(columns))?;
         for s in &steps {
             writeln!(
                 md,
-                "| {} | {:.0} | {} | {} | {} | {:.3} | {:.0} | {:.2} ms | {:.2} ms |",
+                "| {} | {:.0} | {} | {} | {} | {:.3} | {:.1} | {:.0} | {:.2} ms | {:.2} ms |",
                 s.rate,
                 s.achieved,
                 fmt_ms(s.p99),
                 if s.sustained { "yes" } else { "no" },
                 s.cpu.cells(s.accepted, 2.0).join(" | "),
                 s.writing_transactions as f64 / s.accepted.max(1) as f64,
+                s.group_size,
                 s.consumer_transactions,
                 s.gate_ms,
                 s.record_ms,
             )?;
         }
         writeln!(md, "\n## PostgreSQL's grouped decision alone\n")?;
-        writeln!(md, "The core's own statement (`Store::decided_writer`, what the recorder runs), called in a loop by this process with batches of a fixed size for one step's time, on one flash voucher of 10,000,000 uses, fenced by its gate generation: what one recorder worker could commit if the gate, the HTTP path and the queue cost nothing.\n")?;
+        if mode == "standard" {
+            writeln!(md, "The core's own statement (`DecidedWriter::reserve_standard`, what standard mode's grouper runs), called in a loop by this process with batches of a fixed size for one step's time, on one standard voucher of 10,000,000 uses: what one grouping worker could decide if the HTTP path and the queue cost nothing.\n")?;
+        } else {
+            writeln!(md, "The core's own statement (`Store::decided_writer`, what the recorder runs), called in a loop by this process with batches of a fixed size for one step's time, on one flash voucher of 10,000,000 uses, fenced by its gate generation: what one recorder worker could commit if the gate, the HTTP path and the queue cost nothing.\n")?;
+        }
         writeln!(md, "| batch size | writers | uses/s | transactions/s | PostgreSQL µs per use |\n|---|---|---|---|---|")?;
         for a in &alone {
             writeln!(
@@ -158,13 +171,18 @@ impl Run {
         for row in &self.table {
             writeln!(md, "{row}")?;
         }
-        std::fs::write(self.out.join("ACCEPT.md"), md)?;
+        let file = if mode == "standard" {
+            "ACCEPT-standard.md"
+        } else {
+            "ACCEPT.md"
+        };
+        std::fs::write(self.out.join(file), md)?;
         Ok(())
     }
 
     /// The core's grouped decision, called directly in batches of each size of [`ALONE`],
     /// each for `step`; the uses go to the invariant check with the rest.
-    async fn decision_alone(&mut self, step: Duration) -> anyhow::Result<Vec<Alone>> {
+    async fn decision_alone(&mut self, step: Duration, mode: &str) -> anyhow::Result<Vec<Alone>> {
         use voucher_core::domain::{
             CustomerId, Money, OrderId, Reservation, ReservationStatus, VoucherCode,
         };
@@ -173,9 +191,8 @@ impl Run {
         let mut found = Vec::new();
         for (k, &(batch, writers)) in ALONE.iter().enumerate() {
             let code = format!("D{}B{batch}W{writers}", self.run_id);
-            self.stack
-                .create_voucher(&code, 10_000_000, "flash")
-                .await?;
+            self.stack.create_voucher(&code, 10_000_000, mode).await?;
+            let standard = mode == "standard";
             let store = Store::new(self.stack.db.clone());
             let voucher = VoucherCode::parse(&code).map_err(|e| anyhow::anyhow!("{e:?}"))?;
             let generation = store.gate_generation(&voucher).await?;
@@ -211,7 +228,14 @@ impl Run {
                             made.push((customer, order));
                         }
                         let generations = vec![generation; rows.len()];
-                        match writer.record(&rows, &generations).await? {
+                        let recording = if standard {
+                            writer
+                                .reserve_standard(&rows, chrono::Duration::minutes(15))
+                                .await?
+                        } else {
+                            writer.record(&rows, &generations).await?
+                        };
+                        match recording {
                             Recording::Done(done) => {
                                 uses += done.inserted as u64;
                                 transactions += done.transactions as u64;
@@ -237,7 +261,9 @@ impl Run {
             let spent = CpuSpent::between(&before, &cpu::sample());
             // Written behind the gate's back: the gate is rebuilt from PostgreSQL, so the
             // invariant check finds it in step.
-            self.stack.reload_gate(&code).await?;
+            if !standard {
+                self.stack.reload_gate(&code).await?;
+            }
             let secs = spent.wall.as_secs_f64().max(f64::EPSILON);
             let postgres = spent
                 .by_part
@@ -253,6 +279,16 @@ impl Run {
             });
         }
         Ok(found)
+    }
+
+    /// The cores' grouped statements of `mode` so far: (reservations, statements).
+    async fn groups(&self, mode: &str) -> anyhow::Result<(f64, f64)> {
+        let s = &self.stack;
+        let labels = [("mode", mode)];
+        Ok((
+            s.core_counter("voucher_group_size_sum", &labels).await?,
+            s.core_counter("voucher_group_size_count", &labels).await?,
+        ))
     }
 
     /// The cores' gate and record waits so far: (gate sum, gate count, record sum, record

@@ -189,6 +189,9 @@ struct BenchArgs {
         default_value = "250,500,1000,1500,2000,3000,4000"
     )]
     accept_rates: Rates,
+    /// The voucher mode of `accept`: flash (ACCEPT.md) or standard (ACCEPT-standard.md).
+    #[arg(long, env = "ACCEPT_MODE", default_value = "flash", value_parser = ["flash", "standard"])]
+    accept_mode: String,
     /// The flash ladder of `overload`, which finds the rate to overload.
     #[arg(
         long,
@@ -260,7 +263,8 @@ async fn main() -> anyhow::Result<()> {
         Some(Command::Accept { out }) => {
             let step = Duration::from_secs(cli.bench.step_secs);
             let mut run = Run::connect(out, &cli.stack).await?;
-            run.accept_breakdown(&cli.bench.accept_rates.0, step).await
+            run.accept_breakdown(&cli.bench.accept_rates.0, step, &cli.bench.accept_mode)
+                .await
         }
         Some(Command::Sale { out }) => {
             let step = Duration::from_secs(cli.bench.step_secs);
