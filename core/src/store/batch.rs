@@ -193,15 +193,18 @@ fn refusal(e: &sqlx::Error) -> Option<String> {
 
 /// Records a batch of RESERVED reservations on `conn`.
 ///
-/// One statement decides the whole batch ([`admit`]): what the voucher's and each
-/// customer's limits leave room for is inserted and counted, the rest is refused by name,
-/// with `advance` stored in the same transaction when nothing is refused. The CHECKs stay
-/// the last guard: the statement reads customers' counts as of its start, so a batch of
-/// another core that gave a customer a use meanwhile can make it count one too few and
-/// break `customer_usage_within_limit`. Such a batch is decided again by a new statement
-/// (which sees what committed), twice at most, and only then one reservation per
-/// transaction, so that only the refused ones are set aside; the offset is then the
-/// caller's to store.
+/// One statement writes the whole batch ([`admit`]), with `advance` stored in the same
+/// transaction when nothing is refused. A batch a flash gate decided is expected to fit:
+/// it is written as it is ([`Ranking::Optimistic`]), the CHECKs refusing the statement if
+/// anything is past a limit. A refused one, and every standard batch, is decided by one
+/// statement that applies the voucher's and each customer's limits in arrival order
+/// ([`Ranking::Ranked`]): what they leave room for is inserted and counted, the rest is
+/// refused by name. The CHECKs stay the last guard there too: that statement reads
+/// customers' counts as of its start, so a batch of another core that gave a customer a
+/// use meanwhile can make it count one too few and break `customer_usage_within_limit`.
+/// Such a batch is decided again by a new statement (which sees what committed); after
+/// three statements in all, one reservation per transaction, so that only the refused
+/// ones are set aside; the offset is then the caller's to store.
 #[tracing::instrument(name = "db.record_reserved", skip_all, fields(events = batch.len()))]
 ///
 /// `generations` fences the rows (see [`super::Store::record_decided`]); empty for the
@@ -214,16 +217,21 @@ pub(super) async fn record_reserved(
     terms: Terms,
 ) -> Result<BatchResult> {
     let fence = Fence::new(batch, generations);
+    let mut ranking = match terms {
+        Terms::Decided => Ranking::Optimistic,
+        Terms::Standard { .. } => Ranking::Ranked,
+    };
     let mut attempts = 0;
     loop {
         attempts += 1;
-        match record_batch(conn, batch, &fence, advance, terms).await {
+        match record_batch(conn, batch, &fence, advance, terms, ranking).await {
             Ok(mut result) => {
                 result.transactions = attempts;
                 return Ok(result);
             }
             Err(e) if refusal(&e).is_some() && attempts < DECIDE_ATTEMPTS => {
-                tracing::debug!(error = %crate::error::cause_chain(&e), "batch broke a limit it read as of its start; deciding it again");
+                tracing::debug!(error = %crate::error::cause_chain(&e), ?ranking, "batch broke a limit; deciding it reservation by reservation");
+                ranking = Ranking::Ranked;
             }
             Err(e) if refusal(&e).is_some() => {
                 tracing::warn!(error = %crate::error::cause_chain(&e), "batch refused; recording its reservations one by one");
@@ -236,7 +244,7 @@ pub(super) async fn record_reserved(
     }
 }
 
-/// Statements that decide a whole batch before it is recorded one by one.
+/// Statements that write a whole batch before it is recorded one by one.
 const DECIDE_ATTEMPTS: usize = 3;
 
 /// The gate generation each reservation of a batch was decided under (0: unfenced).
@@ -272,16 +280,17 @@ async fn record_batch(
     fence: &Fence,
     advance: Option<Advance<'_>>,
     terms: Terms,
+    ranking: Ranking,
 ) -> Result<BatchResult, sqlx::Error> {
     let Some(advance) = advance else {
-        let admitted = admit(&mut *conn, batch, fence, terms).await?;
+        let admitted = admit(&mut *conn, batch, fence, terms, ranking).await?;
         // Rows never change voucher or customer: reading them after the commit is safe.
         let settled = if admitted.inserted.len() == batch.len() {
             Settled::default()
         } else {
             let mut tx = conn.begin().await?;
             by_index(&mut tx).await?;
-            let settled = classify(&mut tx, batch, &admitted).await?;
+            let settled = classify(&mut tx, batch, &admitted, fence).await?;
             tx.commit().await?;
             settled
         };
@@ -289,8 +298,8 @@ async fn record_batch(
     };
     let mut tx = conn.begin().await?;
     by_index(&mut tx).await?;
-    let admitted = admit(&mut tx, batch, fence, terms).await?;
-    let settled = classify(&mut tx, batch, &admitted).await?;
+    let admitted = admit(&mut tx, batch, fence, terms, ranking).await?;
+    let settled = classify(&mut tx, batch, &admitted, fence).await?;
     let offset_stored = settled.refused.is_empty() && settled.stale.is_empty();
     if offset_stored {
         store_offset(&mut tx, advance.key, advance.next_offset, advance.owner).await?;
@@ -322,15 +331,42 @@ impl Settled {
     }
 }
 
-/// Of the reservations not inserted: those the statement refused or found stale stay so
-/// (a stale one is a 503 whose retry the new gate answers from what it holds, even when
-/// that retry's row is already stored: this attempt's record is not that row); the rest
-/// are repeats or refused by [`classify_existing`].
+/// Of the reservations not inserted: those the statement found stale stay so (a stale one
+/// is a 503 whose retry the new gate answers from what it holds, even when that retry's
+/// row is already stored: this attempt's record is not that row); those it refused stay
+/// refused unless their orderId has a row by now (the statement judged them by its
+/// snapshot, taken before it waited for the voucher's row: another core may have
+/// committed the same order meanwhile, and then the row is the answer); the rest are
+/// repeats or refused by [`classify_existing`].
 async fn classify(
     conn: &mut PgConnection,
     batch: &[Reservation],
     admitted: &Admitted,
+    fence: &Fence,
 ) -> Result<Settled, sqlx::Error> {
+    let mut settled = Settled {
+        stale: admitted.stale.clone(),
+        ..Settled::default()
+    };
+    let refused_orders: Vec<&str> = admitted
+        .refused
+        .iter()
+        .filter_map(|(i, _)| batch.get(*i))
+        .map(|r| r.order_id.as_str())
+        .collect();
+    let stored = stored_rows(conn, &refused_orders).await?;
+    let mut still_refused: HashMap<usize, &str> = HashMap::new();
+    for (i, why) in &admitted.refused {
+        let Some(r) = batch.get(*i) else { continue };
+        match stored.get(r.order_id.as_str()) {
+            Some(row) if row.is_same_use(r) => settled.repeats.push((*i, row.clone())),
+            Some(_) => settled.refused.push((*i, ORDER_ID_TAKEN.to_owned())),
+            None => {
+                settled.refused.push((*i, why.clone()));
+                still_refused.insert(*i, why.as_str());
+            }
+        }
+    }
     let decided: HashSet<usize> = admitted
         .refused
         .iter()
@@ -342,22 +378,13 @@ async fn classify(
         .iter()
         .map(|w| w.order_id.as_str())
         .collect();
-    let mut settled = Settled {
-        refused: admitted.refused.clone(),
-        stale: admitted.stale.clone(),
-        ..Settled::default()
-    };
-    // A later occurrence of an orderId the statement refused, or found stale, the first
-    // time in this batch: the same request (a concurrent retry) gets the same answer.
+    // A later occurrence of an orderId whose first occurrence in this batch stays refused,
+    // or was found stale under the same generation: the same request (a concurrent retry)
+    // gets the same answer.
     let mut first_of: HashMap<&str, usize> = HashMap::new();
     for (i, r) in batch.iter().enumerate() {
         first_of.entry(r.order_id.as_str()).or_insert(i);
     }
-    let refused_first: HashMap<usize, &str> = admitted
-        .refused
-        .iter()
-        .map(|(i, why)| (*i, why.as_str()))
-        .collect();
     let mut undecided = Vec::new();
     for i in (0..batch.len()).filter(|i| !decided.contains(i)) {
         let first = first_of
@@ -365,11 +392,11 @@ async fn classify(
             .copied()
             .unwrap_or(i);
         if first != i && batch[i].is_same_use(&batch[first]) {
-            if let Some(why) = refused_first.get(&first) {
+            if let Some(why) = still_refused.get(&first) {
                 settled.refused.push((i, (*why).to_owned()));
                 continue;
             }
-            if admitted.stale.contains(&first) {
+            if admitted.stale.contains(&first) && fence.generations[i] == fence.generations[first] {
                 settled.stale.push(i);
                 continue;
             }
@@ -402,8 +429,8 @@ async fn record_one_by_one(
             generations: vec![fence.generations[i]],
         };
         result.transactions += 1;
-        let one = match record_batch(conn, std::slice::from_ref(reservation), &alone, None, terms)
-            .await
+        let alone_batch = std::slice::from_ref(reservation);
+        let one = match record_batch(conn, alone_batch, &alone, None, terms, Ranking::Ranked).await
         {
             Ok(one) => one,
             Err(e) => match refusal(&e) {
@@ -442,8 +469,9 @@ pub(super) async fn by_index(conn: &mut PgConnection) -> Result<(), sqlx::Error>
 
 /// Decides a batch and writes what it admits, in one statement; returns what it did.
 ///
-/// The batch's voucher rows are locked first (`FOR NO KEY UPDATE`, in code order, the
-/// lock the count's update needs anyway); a locked row is read as its latest version, so
+/// The batch's voucher rows are locked first (`FOR NO KEY UPDATE`, in code order byte by
+/// byte, the order `give_back_uses` takes them in; the lock the count's update needs
+/// anyway); a locked row is read as its latest version, so
 /// the voucher's count and generation are exact however long the lock took. Then, in
 /// arrival order, each reservation is:
 /// - stale, if its gate's generation is not the voucher's latest (the fence, see
@@ -460,12 +488,18 @@ pub(super) async fn by_index(conn: &mut PgConnection) -> Result<(), sqlx::Error>
 /// two vouchers, through two cores) wait on each other's index entries in the same order
 /// instead of deadlocking. One orderId twice in a batch is inserted once; a new orderId
 /// that another transaction inserts meanwhile is skipped by the unique index, its place
-/// in the ranking unused (it can only make this batch admit fewer, never more).
+/// in the ranking unused (it can only make this batch admit fewer, never more; the
+/// reservation is then a repeat, see [`classify`]). Customers' counts are read as of the
+/// statement's start: one that another core's batch raised meanwhile makes the upsert
+/// break its CHECK (decided again, see [`record_reserved`]); one that a release lowered
+/// meanwhile can refuse `customer_usage_within_limit` a use the customer had room for,
+/// an answer its retry corrects.
 async fn admit(
     conn: &mut PgConnection,
     batch: &[Reservation],
     fence: &Fence,
     terms: Terms,
+    ranking: Ranking,
 ) -> Result<Admitted, sqlx::Error> {
     let text = |f: fn(&Reservation) -> &str| batch.iter().map(f).collect::<Vec<_>>();
     let (times, ttl): (Vec<Option<Stay>>, _) = match terms {
@@ -478,122 +512,36 @@ async fn admit(
         ),
         Terms::Standard { ttl } => (vec![None; batch.len()], ttl),
     };
-    let rows: Vec<AdmitRow> = sqlx::query_as(
-        "WITH input AS (
-             SELECT u.*, row_number() OVER (PARTITION BY u.order_id ORDER BY u.idx)
-                             AS nth_of_order
-             FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[],
-                         $6::timestamptz[], $7::timestamptz[], $8::int8[])
-                  WITH ORDINALITY
-                  AS u(voucher_code, customer_id, order_id, order_amount, discount_amount,
-                       reserved_at, expires_at, generation, idx)
-         ),
-         voucher AS (
-             SELECT code, used_count, total_limit, per_user_limit, gate_generation,
-                    min_order_amount, now() < starts_at AS early, now() >= ends_at AS late
-             FROM vouchers WHERE code = ANY($9::text[])
-             ORDER BY code
-             FOR NO KEY UPDATE
-         ),
-         held AS (
-             SELECT c.voucher_code, c.customer_id, c.active_count
-             FROM customer_usage c
-             WHERE (c.voucher_code, c.customer_id) IN
-                   (SELECT voucher_code, customer_id FROM input)
-         ),
-         candidate AS (
-             SELECT i.*, v.used_count, v.total_limit, v.per_user_limit,
-                    coalesce(h.active_count, 0) AS active_count,
-                    CASE
-                        WHEN v.code IS NULL THEN 'redemptions_voucher_fkey'
-                        WHEN i.generation <> 0 AND i.generation <> v.gate_generation
-                            THEN 'stale'
-                        WHEN i.nth_of_order > 1
-                          OR EXISTS (SELECT 1 FROM redemptions r WHERE r.order_id = i.order_id)
-                            THEN 'known'
-                        WHEN $10 AND v.early THEN 'not_started'
-                        WHEN $10 AND v.late THEN 'expired'
-                        WHEN $10 AND i.order_amount < v.min_order_amount
-                            THEN 'below_min_order'
-                        WHEN v.used_count >= v.total_limit THEN 'vouchers_used_within_limit'
-                    END AS verdict
-             FROM input i
-             LEFT JOIN voucher v ON v.code = i.voucher_code
-             LEFT JOIN held h ON h.voucher_code = i.voucher_code
-                             AND h.customer_id = i.customer_id
-         ),
-         by_customer AS (
-             SELECT c.*, c.active_count + row_number() OVER (
-                        PARTITION BY c.voucher_code, c.customer_id ORDER BY c.idx
-                    ) AS customer_uses
-             FROM candidate c WHERE c.verdict IS NULL
-         ),
-         by_voucher AS (
-             SELECT b.*, b.used_count + row_number() OVER (
-                        PARTITION BY b.voucher_code ORDER BY b.idx
-                    ) AS voucher_uses
-             FROM by_customer b WHERE b.customer_uses <= b.per_user_limit
-         ),
-         inserted AS (
-             INSERT INTO redemptions (voucher_code, customer_id, order_id, order_amount,
-                                      discount_amount, reserved_at, expires_at)
-             SELECT voucher_code, customer_id, order_id, order_amount, discount_amount,
-                    coalesce(reserved_at, now()), coalesce(expires_at, now() + $11::interval)
-             FROM by_voucher WHERE voucher_uses <= total_limit
-             ORDER BY order_id
-             ON CONFLICT (order_id) DO NOTHING
-             RETURNING voucher_code, customer_id, order_id, reserved_at, expires_at
-         ),
-         customers AS (
-             INSERT INTO customer_usage AS u (voucher_code, customer_id, active_count,
-                                              per_user_limit)
-             SELECT i.voucher_code, i.customer_id, count(*)::int4, v.per_user_limit
-             FROM inserted i JOIN voucher v ON v.code = i.voucher_code
-             GROUP BY i.voucher_code, i.customer_id, v.per_user_limit
-             ORDER BY i.voucher_code, i.customer_id
-             ON CONFLICT (voucher_code, customer_id)
-             DO UPDATE SET active_count = u.active_count + excluded.active_count
-         ),
-         used AS (
-             UPDATE vouchers v SET used_count = v.used_count + n.uses
-             FROM (SELECT voucher_code, count(*)::int4 AS uses FROM inserted
-                   GROUP BY voucher_code) n
-             WHERE v.code = n.voucher_code
-         )
-         SELECT order_id, reserved_at, expires_at, NULL::int8 AS idx, NULL::text AS verdict
-         FROM inserted
-         UNION ALL
-         SELECT NULL, NULL, NULL, idx, verdict FROM candidate WHERE verdict <> 'known'
-         UNION ALL
-         SELECT NULL, NULL, NULL, idx, 'customer_usage_within_limit' FROM by_customer
-         WHERE customer_uses > per_user_limit
-         UNION ALL
-         SELECT NULL, NULL, NULL, idx, 'vouchers_used_within_limit' FROM by_voucher
-         WHERE voucher_uses > total_limit",
-    )
-    .bind(text(|r| r.voucher_code.as_str()))
-    .bind(text(|r| r.customer_id.as_str()))
-    .bind(text(|r| r.order_id.as_str()))
-    .bind(
-        batch
-            .iter()
-            .map(|r| r.order_amount.minor_units())
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        batch
-            .iter()
-            .map(|r| r.discount_amount.minor_units())
-            .collect::<Vec<_>>(),
-    )
-    .bind(times.iter().map(|t| t.map(|t| t.0)).collect::<Vec<_>>())
-    .bind(times.iter().map(|t| t.map(|t| t.1)).collect::<Vec<_>>())
-    .bind(&fence.generations)
-    .bind(voucher_codes(batch))
-    .bind(matches!(terms, Terms::Standard { .. }))
-    .bind(ttl)
-    .fetch_all(conn)
-    .await?;
+    let sql = match ranking {
+        Ranking::Optimistic => OPTIMISTIC,
+        Ranking::Ranked => RANKED,
+    };
+    let query = sqlx::query_as::<_, AdmitRow>(sql)
+        .bind(text(|r| r.voucher_code.as_str()))
+        .bind(text(|r| r.customer_id.as_str()))
+        .bind(text(|r| r.order_id.as_str()))
+        .bind(
+            batch
+                .iter()
+                .map(|r| r.order_amount.minor_units())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            batch
+                .iter()
+                .map(|r| r.discount_amount.minor_units())
+                .collect::<Vec<_>>(),
+        )
+        .bind(times.iter().map(|t| t.map(|t| t.0)).collect::<Vec<_>>())
+        .bind(times.iter().map(|t| t.map(|t| t.1)).collect::<Vec<_>>())
+        .bind(&fence.generations)
+        .bind(voucher_codes(batch))
+        .bind(ttl);
+    let query = match ranking {
+        Ranking::Optimistic => query,
+        Ranking::Ranked => query.bind(matches!(terms, Terms::Standard { .. })),
+    };
+    let rows = query.fetch_all(conn).await?;
     let mut admitted = Admitted::default();
     for row in rows {
         match row {
@@ -631,6 +579,159 @@ async fn admit(
 /// When a reservation was reserved, and when it expires.
 type Stay = (DateTime<Utc>, DateTime<Utc>);
 
+/// [`admit`] when the batch is expected to fit (uses a flash gate decided): every
+/// reservation of a current generation is inserted and counted, and the CHECKs refuse the
+/// whole statement if that breaks a limit; repeats are told apart afterwards
+/// ([`classify`]). The cheapest statement that can write a batch: no ranking, no lookup
+/// before the insert. Parameters: the batch's columns ($1-$8), its vouchers ($9), the TTL
+/// of rows without times ($10).
+const OPTIMISTIC: &str = "WITH input AS (
+     SELECT u.*
+     FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[],
+                 $6::timestamptz[], $7::timestamptz[], $8::int8[])
+          WITH ORDINALITY
+          AS u(voucher_code, customer_id, order_id, order_amount, discount_amount,
+               reserved_at, expires_at, generation, idx)
+ ),
+ voucher AS (
+     SELECT code, per_user_limit, gate_generation
+     FROM vouchers WHERE code = ANY($9::text[])
+     ORDER BY code COLLATE \"C\"
+     FOR NO KEY UPDATE
+ ),
+ candidate AS (
+     SELECT i.*,
+            CASE
+                WHEN v.code IS NULL THEN 'redemptions_voucher_fkey'
+                WHEN i.generation <> 0 AND i.generation <> v.gate_generation THEN 'stale'
+            END AS verdict
+     FROM input i LEFT JOIN voucher v ON v.code = i.voucher_code
+ ),
+ inserted AS (
+     INSERT INTO redemptions (voucher_code, customer_id, order_id, order_amount,
+                              discount_amount, reserved_at, expires_at)
+     SELECT voucher_code, customer_id, order_id, order_amount, discount_amount,
+            coalesce(reserved_at, now()), coalesce(expires_at, now() + $10::interval)
+     FROM candidate WHERE verdict IS NULL
+     ORDER BY order_id
+     ON CONFLICT (order_id) DO NOTHING
+     RETURNING voucher_code, customer_id, order_id, reserved_at, expires_at
+ ),
+ customers AS (
+     INSERT INTO customer_usage AS u (voucher_code, customer_id, active_count,
+                                      per_user_limit)
+     SELECT i.voucher_code, i.customer_id, count(*)::int4, v.per_user_limit
+     FROM inserted i JOIN voucher v ON v.code = i.voucher_code
+     GROUP BY i.voucher_code, i.customer_id, v.per_user_limit
+     ORDER BY i.voucher_code, i.customer_id
+     ON CONFLICT (voucher_code, customer_id)
+     DO UPDATE SET active_count = u.active_count + excluded.active_count
+ ),
+ used AS (
+     UPDATE vouchers v SET used_count = v.used_count + n.uses
+     FROM (SELECT voucher_code, count(*)::int4 AS uses FROM inserted
+           GROUP BY voucher_code) n
+     WHERE v.code = n.voucher_code
+ )
+ SELECT order_id, reserved_at, expires_at, NULL::int8 AS idx, NULL::text AS verdict
+ FROM inserted
+ UNION ALL
+ SELECT NULL, NULL, NULL, idx, verdict FROM candidate WHERE verdict IS NOT NULL";
+
+/// [`admit`] deciding each reservation (see there); the parameters of [`OPTIMISTIC`],
+/// then whether the standard terms' checks apply ($11).
+const RANKED: &str = "WITH input AS (
+             SELECT u.*, row_number() OVER (PARTITION BY u.order_id ORDER BY u.idx)
+                             AS nth_of_order
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[],
+                         $6::timestamptz[], $7::timestamptz[], $8::int8[])
+                  WITH ORDINALITY
+                  AS u(voucher_code, customer_id, order_id, order_amount, discount_amount,
+                       reserved_at, expires_at, generation, idx)
+         ),
+         voucher AS (
+             SELECT code, used_count, total_limit, per_user_limit, gate_generation,
+                    min_order_amount, now() < starts_at AS early, now() >= ends_at AS late
+             FROM vouchers WHERE code = ANY($9::text[])
+             ORDER BY code COLLATE \"C\"
+             FOR NO KEY UPDATE
+         ),
+         held AS (
+             SELECT c.voucher_code, c.customer_id, c.active_count
+             FROM customer_usage c
+             WHERE (c.voucher_code, c.customer_id) IN
+                   (SELECT voucher_code, customer_id FROM input)
+         ),
+         candidate AS (
+             SELECT i.*, v.used_count, v.total_limit, v.per_user_limit,
+                    coalesce(h.active_count, 0) AS active_count,
+                    CASE
+                        WHEN v.code IS NULL THEN 'redemptions_voucher_fkey'
+                        WHEN i.generation <> 0 AND i.generation <> v.gate_generation
+                            THEN 'stale'
+                        WHEN i.nth_of_order > 1
+                          OR EXISTS (SELECT 1 FROM redemptions r WHERE r.order_id = i.order_id)
+                            THEN 'known'
+                        WHEN $11 AND v.early THEN 'not_started'
+                        WHEN $11 AND v.late THEN 'expired'
+                        WHEN $11 AND i.order_amount < v.min_order_amount
+                            THEN 'below_min_order'
+                        WHEN v.used_count >= v.total_limit THEN 'vouchers_used_within_limit'
+                    END AS verdict
+             FROM input i
+             LEFT JOIN voucher v ON v.code = i.voucher_code
+             LEFT JOIN held h ON h.voucher_code = i.voucher_code
+                             AND h.customer_id = i.customer_id
+         ),
+         by_customer AS (
+             SELECT c.*, c.active_count + row_number() OVER (
+                        PARTITION BY c.voucher_code, c.customer_id ORDER BY c.idx
+                    ) AS customer_uses
+             FROM candidate c WHERE c.verdict IS NULL
+         ),
+         by_voucher AS (
+             SELECT b.*, b.used_count + row_number() OVER (
+                        PARTITION BY b.voucher_code ORDER BY b.idx
+                    ) AS voucher_uses
+             FROM by_customer b WHERE b.customer_uses <= b.per_user_limit
+         ),
+         inserted AS (
+             INSERT INTO redemptions (voucher_code, customer_id, order_id, order_amount,
+                                      discount_amount, reserved_at, expires_at)
+             SELECT voucher_code, customer_id, order_id, order_amount, discount_amount,
+                    coalesce(reserved_at, now()), coalesce(expires_at, now() + $10::interval)
+             FROM by_voucher WHERE voucher_uses <= total_limit
+             ORDER BY order_id
+             ON CONFLICT (order_id) DO NOTHING
+             RETURNING voucher_code, customer_id, order_id, reserved_at, expires_at
+         ),
+         customers AS (
+             INSERT INTO customer_usage AS u (voucher_code, customer_id, active_count,
+                                              per_user_limit)
+             SELECT i.voucher_code, i.customer_id, count(*)::int4, v.per_user_limit
+             FROM inserted i JOIN voucher v ON v.code = i.voucher_code
+             GROUP BY i.voucher_code, i.customer_id, v.per_user_limit
+             ORDER BY i.voucher_code, i.customer_id
+             ON CONFLICT (voucher_code, customer_id)
+             DO UPDATE SET active_count = u.active_count + excluded.active_count
+         ),
+         used AS (
+             UPDATE vouchers v SET used_count = v.used_count + n.uses
+             FROM (SELECT voucher_code, count(*)::int4 AS uses FROM inserted
+                   GROUP BY voucher_code) n
+             WHERE v.code = n.voucher_code
+         )
+         SELECT order_id, reserved_at, expires_at, NULL::int8 AS idx, NULL::text AS verdict
+         FROM inserted
+         UNION ALL
+         SELECT NULL, NULL, NULL, idx, verdict FROM candidate WHERE verdict <> 'known'
+         UNION ALL
+         SELECT NULL, NULL, NULL, idx, 'customer_usage_within_limit' FROM by_customer
+         WHERE customer_uses > per_user_limit
+         UNION ALL
+         SELECT NULL, NULL, NULL, idx, 'vouchers_used_within_limit' FROM by_voucher
+         WHERE voucher_uses > total_limit";
+
 /// One row of [`admit`]'s answer: a row it inserted, or a reservation's verdict.
 #[derive(sqlx::FromRow)]
 struct AdmitRow {
@@ -658,6 +759,16 @@ pub struct Written {
     pub expires_at: DateTime<Utc>,
 }
 
+/// How [`admit`] decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ranking {
+    /// Everything of a current generation is written, the CHECKs guarding: one
+    /// statement refused whole if anything is past a limit ([`OPTIMISTIC`]).
+    Optimistic,
+    /// Each reservation decided in arrival order against the limits ([`RANKED`]).
+    Ranked,
+}
+
 /// On what terms a batch is admitted.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Terms {
@@ -669,6 +780,29 @@ pub(super) enum Terms {
     /// order are checked (`not_started`, `expired`, `below_min_order`) after a repeat is
     /// recognised, before any limit.
     Standard { ttl: chrono::Duration },
+}
+
+/// The rows PostgreSQL holds for `orders` (those that have one), by orderId.
+async fn stored_rows(
+    conn: &mut PgConnection,
+    orders: &[&str],
+) -> Result<HashMap<String, Reservation>, sqlx::Error> {
+    if orders.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let rows: Vec<RedemptionRow> = sqlx::query_as(&format!(
+        "SELECT {REDEMPTION_COLUMNS} FROM redemptions WHERE order_id = ANY($1)"
+    ))
+    .bind(orders)
+    .fetch_all(conn)
+    .await?;
+    let mut stored = HashMap::with_capacity(rows.len());
+    for row in rows {
+        let row = Reservation::try_from(row)
+            .map_err(|e| sqlx::Error::Decode(Box::new(std::io::Error::other(e.chain()))))?;
+        stored.insert(row.order_id.as_str().to_owned(), row);
+    }
+    Ok(stored)
 }
 
 /// The constraint an orderId that belongs to another reservation would break.
@@ -711,18 +845,7 @@ async fn classify_existing(
         return Ok(vec![]);
     }
     let ids: Vec<&str> = to_check.iter().map(|(_, r)| r.order_id.as_str()).collect();
-    let rows: Vec<RedemptionRow> = sqlx::query_as(&format!(
-        "SELECT {REDEMPTION_COLUMNS} FROM redemptions WHERE order_id = ANY($1)"
-    ))
-    .bind(&ids)
-    .fetch_all(conn)
-    .await?;
-    let mut stored: HashMap<String, Reservation> = HashMap::with_capacity(rows.len());
-    for row in rows {
-        let row = Reservation::try_from(row)
-            .map_err(|e| sqlx::Error::Decode(Box::new(std::io::Error::other(e.chain()))))?;
-        stored.insert(row.order_id.as_str().to_owned(), row);
-    }
+    let stored = stored_rows(conn, &ids).await?;
     // The first reservation of the batch that is the inserted row is the one inserted.
     let mut inserted_taken: HashSet<&str> = HashSet::new();
     let mut found = Vec::with_capacity(to_check.len());

@@ -185,6 +185,16 @@ pub(super) async fn give_back_uses(
             .or_default() += 1;
         *per_voucher.entry(r.voucher_code.as_str()).or_default() += 1;
     }
+    // The vouchers' rows first, in byte order, then the customers': the order the grouped
+    // statement of `batch.rs` locks them in, so the two never wait on each other in a
+    // circle.
+    for (code, n) in per_voucher {
+        sqlx::query("UPDATE vouchers SET used_count = used_count - $2 WHERE code = $1")
+            .bind(code)
+            .bind(n)
+            .execute(&mut *conn)
+            .await?;
+    }
     for ((code, customer), n) in per_customer {
         sqlx::query(
             "UPDATE customer_usage SET active_count = active_count - $3
@@ -195,13 +205,6 @@ pub(super) async fn give_back_uses(
         .bind(n)
         .execute(&mut *conn)
         .await?;
-    }
-    for (code, n) in per_voucher {
-        sqlx::query("UPDATE vouchers SET used_count = used_count - $2 WHERE code = $1")
-            .bind(code)
-            .bind(n)
-            .execute(&mut *conn)
-            .await?;
     }
     Ok(())
 }
