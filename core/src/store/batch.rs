@@ -194,10 +194,10 @@ fn refusal(e: &sqlx::Error) -> Option<String> {
 /// Records a batch of RESERVED reservations on `conn`.
 ///
 /// One statement writes the whole batch ([`admit`]), with `advance` stored in the same
-/// transaction when nothing is refused. A batch a flash gate decided is expected to fit:
-/// it is written as it is ([`Ranking::Optimistic`]), the CHECKs refusing the statement if
-/// anything is past a limit. A refused one, and every standard batch, is decided by one
-/// statement that applies the voucher's and each customer's limits in arrival order
+/// transaction when nothing is refused. A batch is expected to fit (a flash gate decided
+/// it; a standard voucher far from its limit): it is written as it is
+/// ([`Ranking::Optimistic`]), the CHECKs refusing the statement if anything is past a
+/// limit. A refused one is decided by one statement that applies the voucher's and each customer's limits in arrival order
 /// ([`Ranking::Ranked`]): what they leave room for is inserted and counted, the rest is
 /// refused by name. The CHECKs stay the last guard there too: that statement reads
 /// customers' counts as of its start, so a batch of another core that gave a customer a
@@ -217,10 +217,7 @@ pub(super) async fn record_reserved(
     terms: Terms,
 ) -> Result<BatchResult> {
     let fence = Fence::new(batch, generations);
-    let mut ranking = match terms {
-        Terms::Decided => Ranking::Optimistic,
-        Terms::Standard { .. } => Ranking::Ranked,
-    };
+    let mut ranking = Ranking::Optimistic;
     let mut attempts = 0;
     loop {
         attempts += 1;
@@ -537,11 +534,10 @@ async fn admit(
         .bind(&fence.generations)
         .bind(voucher_codes(batch))
         .bind(ttl);
-    let query = match ranking {
-        Ranking::Optimistic => query,
-        Ranking::Ranked => query.bind(matches!(terms, Terms::Standard { .. })),
-    };
-    let rows = query.fetch_all(conn).await?;
+    let rows = query
+        .bind(matches!(terms, Terms::Standard { .. }))
+        .fetch_all(conn)
+        .await?;
     let mut admitted = Admitted::default();
     for row in rows {
         match row {
@@ -579,12 +575,14 @@ async fn admit(
 /// When a reservation was reserved, and when it expires.
 type Stay = (DateTime<Utc>, DateTime<Utc>);
 
-/// [`admit`] when the batch is expected to fit (uses a flash gate decided): every
-/// reservation of a current generation is inserted and counted, and the CHECKs refuse the
-/// whole statement if that breaks a limit; repeats are told apart afterwards
-/// ([`classify`]). The cheapest statement that can write a batch: no ranking, no lookup
-/// before the insert. Parameters: the batch's columns ($1-$8), its vouchers ($9), the TTL
-/// of rows without times ($10).
+/// [`admit`] when the batch is expected to fit: every reservation of a current generation
+/// (and, on the standard terms, within the window and the minimum) is inserted and
+/// counted unless the voucher is sold out already, and the CHECKs refuse the whole
+/// statement if that breaks a limit; repeats are told apart afterwards ([`classify`],
+/// which also answers a refused order from its row if it has one). The cheapest
+/// statement that can write a batch: no ranking, no lookup before the insert.
+/// Parameters: the batch's columns ($1-$8), its vouchers ($9), the TTL of rows without
+/// times ($10), whether the standard terms' checks apply ($11).
 const OPTIMISTIC: &str = "WITH input AS (
      SELECT u.*
      FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[],
@@ -594,7 +592,8 @@ const OPTIMISTIC: &str = "WITH input AS (
                reserved_at, expires_at, generation, idx)
  ),
  voucher AS (
-     SELECT code, per_user_limit, gate_generation
+     SELECT code, used_count, total_limit, per_user_limit, gate_generation,
+            min_order_amount, now() < starts_at AS early, now() >= ends_at AS late
      FROM vouchers WHERE code = ANY($9::text[])
      ORDER BY code COLLATE \"C\"
      FOR NO KEY UPDATE
@@ -604,6 +603,10 @@ const OPTIMISTIC: &str = "WITH input AS (
             CASE
                 WHEN v.code IS NULL THEN 'redemptions_voucher_fkey'
                 WHEN i.generation <> 0 AND i.generation <> v.gate_generation THEN 'stale'
+                WHEN $11 AND v.early THEN 'not_started'
+                WHEN $11 AND v.late THEN 'expired'
+                WHEN $11 AND i.order_amount < v.min_order_amount THEN 'below_min_order'
+                WHEN v.used_count >= v.total_limit THEN 'vouchers_used_within_limit'
             END AS verdict
      FROM input i LEFT JOIN voucher v ON v.code = i.voucher_code
  ),
@@ -638,8 +641,7 @@ const OPTIMISTIC: &str = "WITH input AS (
  UNION ALL
  SELECT NULL, NULL, NULL, idx, verdict FROM candidate WHERE verdict IS NOT NULL";
 
-/// [`admit`] deciding each reservation (see there); the parameters of [`OPTIMISTIC`],
-/// then whether the standard terms' checks apply ($11).
+/// [`admit`] deciding each reservation (see there); the parameters of [`OPTIMISTIC`].
 const RANKED: &str = "WITH input AS (
              SELECT u.*, row_number() OVER (PARTITION BY u.order_id ORDER BY u.idx)
                              AS nth_of_order
