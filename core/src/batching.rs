@@ -2,18 +2,51 @@
 //! mode's grouper): each of their workers takes whatever has queued, waits up to a linger
 //! for more, up to a most per batch. Under load the queue fills while the previous batch's
 //! statement runs, so batches grow with the load; the linger bounds what a lone request
-//! waits for company.
+//! waits for company. What waits is counted in a gauge (`voucher_group_queued`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus::IntGauge;
 use tokio::sync::{mpsc, Mutex};
+
+/// The sending side: jobs queued and not yet taken into a batch are counted in `queued`.
+pub struct Queue<T> {
+    sender: mpsc::Sender<T>,
+    queued: IntGauge,
+}
+
+impl<T> Clone for Queue<T> {
+    fn clone(&self) -> Self {
+        Self {
+            sender: self.sender.clone(),
+            queued: self.queued.clone(),
+        }
+    }
+}
+
+/// Every worker is gone: the job was not queued.
+#[derive(Debug)]
+pub struct Stopped;
+
+impl<T> Queue<T> {
+    /// Queues `job`, waiting while the queue is full.
+    pub async fn send(&self, job: T) -> Result<(), Stopped> {
+        self.queued.inc();
+        let sent = self.sender.send(job).await;
+        if sent.is_err() {
+            self.queued.dec();
+        }
+        sent.map_err(|_| Stopped)
+    }
+}
 
 /// The receiving side, shared by the workers (one takes a batch at a time).
 pub struct Batches<T> {
     jobs: Arc<Mutex<mpsc::Receiver<T>>>,
     batch_max: usize,
     linger: Duration,
+    queued: IntGauge,
 }
 
 impl<T> Clone for Batches<T> {
@@ -22,26 +55,29 @@ impl<T> Clone for Batches<T> {
             jobs: self.jobs.clone(),
             batch_max: self.batch_max,
             linger: self.linger,
+            queued: self.queued.clone(),
         }
     }
 }
 
-/// A queue for `workers` workers taking up to `batch_max` jobs at a time. Its bound (four
-/// batches per worker) makes senders wait instead of queueing without end; the admission
-/// limit in front of it keeps that wait short.
+/// A queue for `workers` workers taking up to `batch_max` jobs at a time, counting what
+/// waits in `queued`. Its bound (four batches per worker) makes senders wait instead of
+/// queueing without end; the admission limit in front of it keeps that wait short.
 pub fn queue<T>(
     workers: usize,
     batch_max: usize,
     linger: Duration,
-) -> (mpsc::Sender<T>, Batches<T>) {
+    queued: IntGauge,
+) -> (Queue<T>, Batches<T>) {
     let batch_max = batch_max.max(1);
     let (sender, receiver) = mpsc::channel(batch_max * workers.max(1) * 4);
     let batches = Batches {
         jobs: Arc::new(Mutex::new(receiver)),
         batch_max,
         linger,
+        queued: queued.clone(),
     };
-    (sender, batches)
+    (Queue { sender, queued }, batches)
 }
 
 impl<T> Batches<T> {
@@ -63,6 +99,7 @@ impl<T> Batches<T> {
                 }
             }
         }
+        self.queued.sub(batch.len() as i64);
         Some(batch)
     }
 }
@@ -71,9 +108,14 @@ impl<T> Batches<T> {
 mod tests {
     use super::*;
 
+    fn gauge() -> IntGauge {
+        IntGauge::new("queued", "queued").expect("gauge")
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_batch_holds_what_queued_and_what_came_within_the_linger_up_to_its_most() {
-        let (sender, batches) = queue(1, 3, Duration::from_millis(5));
+        let queued = gauge();
+        let (sender, batches) = queue(1, 3, Duration::from_millis(5), queued.clone());
         for i in 0..2 {
             sender.send(i).await.expect("queued");
         }
@@ -85,14 +127,16 @@ mod tests {
             }
         });
         assert_eq!(batches.next().await, Some(vec![0, 1, 2]));
+        assert_eq!(queued.get(), 2, "two still queued");
         assert_eq!(batches.next().await, Some(vec![3, 4]));
+        assert_eq!(queued.get(), 0);
         drop(sender);
         assert_eq!(batches.next().await, None);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_lone_job_waits_no_longer_than_the_linger() {
-        let (sender, batches) = queue(1, 10, Duration::from_millis(5));
+        let (sender, batches) = queue(1, 10, Duration::from_millis(5), gauge());
         sender.send(1).await.expect("queued");
         let started = tokio::time::Instant::now();
         assert_eq!(batches.next().await, Some(vec![1]));

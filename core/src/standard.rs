@@ -18,9 +18,9 @@
 use std::sync::Arc;
 
 use chrono::Utc;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
-use crate::batching::{self, Batches};
+use crate::batching::{self, Batches, Queue};
 use crate::config::StandardSettings;
 use crate::domain::{Ineligibility, Reservation, ReservationRequest, ReservationStatus, Voucher};
 use crate::error::constraint_error;
@@ -36,8 +36,7 @@ struct Job {
 /// The front door of standard mode's reservations.
 #[derive(Clone)]
 pub struct Grouper {
-    queue: mpsc::Sender<Job>,
-    metrics: Arc<Metrics>,
+    queue: Queue<Job>,
 }
 
 impl Grouper {
@@ -50,8 +49,12 @@ impl Grouper {
         metrics: Arc<Metrics>,
     ) -> Self {
         let workers = settings.group_workers.max(1);
-        let (queue, batches) =
-            batching::queue(workers, settings.group_batch_max, settings.group_linger);
+        let (queue, batches) = batching::queue(
+            workers,
+            settings.group_batch_max,
+            settings.group_linger,
+            metrics.group_queued.with_label_values(&["standard"]),
+        );
         for _ in 0..workers {
             let worker = Worker {
                 writer: store.decided_writer(),
@@ -61,7 +64,7 @@ impl Grouper {
             };
             tokio::spawn(worker.run());
         }
-        Self { queue, metrics }
+        Self { queue }
     }
 
     /// Decides `request` on `voucher` with the group it lands in, and waits for the answer.
@@ -85,19 +88,13 @@ impl Grouper {
             expires_at: now,
         };
         let (answer, answered) = oneshot::channel();
-        let queued = self.metrics.group_queued.with_label_values(&["standard"]);
-        queued.inc();
-        let sent = self
-            .queue
+        self.queue
             .send(Job {
                 reservation,
                 answer,
             })
-            .await;
-        if sent.is_err() {
-            queued.dec();
-            return Err(Error::unavailable("reservation grouper (stopped)"));
-        }
+            .await
+            .map_err(|_| Error::unavailable("reservation grouper (stopped)"))?;
         answered
             .await
             .map_err(|_| Error::unavailable("reservation grouper (stopped)"))?
@@ -119,15 +116,10 @@ impl Worker {
                 .into_iter()
                 .map(|job| (job.reservation, job.answer))
                 .unzip();
-            let size = reservations.len();
-            self.metrics
-                .group_queued
-                .with_label_values(&["standard"])
-                .sub(size as i64);
             self.metrics
                 .group_size
                 .with_label_values(&["standard"])
-                .observe(size as f64);
+                .observe(reservations.len() as f64);
             let outcomes = match self.writer.reserve_standard(&reservations, self.ttl).await {
                 Ok(Recording::Done(result)) => {
                     self.metrics

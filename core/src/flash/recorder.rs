@@ -13,10 +13,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use super::gate::{Gate, Generation};
-use crate::batching::{self, Batches};
+use crate::batching::{self, Batches, Queue};
 use crate::config::FlashSettings;
 use crate::domain::{Reservation, VoucherCode};
 use crate::error::Error;
@@ -51,8 +51,7 @@ struct Job {
 
 #[derive(Clone)]
 pub struct Recorder {
-    queue: mpsc::Sender<Job>,
-    metrics: Arc<Metrics>,
+    queue: Queue<Job>,
 }
 
 impl Recorder {
@@ -67,8 +66,12 @@ impl Recorder {
         metrics: Arc<Metrics>,
     ) -> Self {
         let workers = settings.record_workers.max(1);
-        let (queue, batches) =
-            batching::queue(workers, settings.record_batch_max, settings.record_linger);
+        let (queue, batches) = batching::queue(
+            workers,
+            settings.record_batch_max,
+            settings.record_linger,
+            metrics.group_queued.with_label_values(&["flash"]),
+        );
         for _ in 0..workers {
             let worker = Worker {
                 writer: store.decided_writer(),
@@ -78,7 +81,7 @@ impl Recorder {
             };
             tokio::spawn(worker.run());
         }
-        Self { queue, metrics }
+        Self { queue }
     }
 
     /// Records `reservation` and waits for PostgreSQL's answer. An error means the outcome
@@ -90,20 +93,14 @@ impl Recorder {
         generation: Generation,
     ) -> Result<Recorded> {
         let (answer, answered) = oneshot::channel();
-        let queued = self.metrics.group_queued.with_label_values(&["flash"]);
-        queued.inc();
-        let sent = self
-            .queue
+        self.queue
             .send(Job {
                 reservation,
                 generation,
                 answer,
             })
-            .await;
-        if sent.is_err() {
-            queued.dec();
-            return Err(Error::unavailable("reservation recorder (stopped)"));
-        }
+            .await
+            .map_err(|_| Error::unavailable("reservation recorder (stopped)"))?;
         answered
             .await
             .map_err(|_| Error::unavailable("reservation recorder (stopped)"))?
@@ -127,15 +124,10 @@ impl Worker {
                 .into_iter()
                 .map(|job| (job.reservation, job.answer))
                 .unzip();
-            let size = reservations.len();
-            self.metrics
-                .group_queued
-                .with_label_values(&["flash"])
-                .sub(size as i64);
             self.metrics
                 .group_size
                 .with_label_values(&["flash"])
-                .observe(size as f64);
+                .observe(reservations.len() as f64);
             let outcomes: Vec<Result<Recorded>> = match self
                 .writer
                 .record(&reservations, &generations)

@@ -575,6 +575,45 @@ async fn admit(
 /// When a reservation was reserved, and when it expires.
 type Stay = (DateTime<Utc>, DateTime<Utc>);
 
+/// The CTE of both statements of [`admit`] that locks the batch's vouchers, in code order
+/// byte by byte, and reads each as the lock hands it over: its latest version.
+macro_rules! voucher_cte {
+    () => {
+        "voucher AS (
+     SELECT code, used_count, total_limit, per_user_limit, gate_generation,
+            min_order_amount, now() < starts_at AS early, now() >= ends_at AS late
+     FROM vouchers WHERE code = ANY($9::text[])
+     ORDER BY code COLLATE \"C\"
+     FOR NO KEY UPDATE
+ ),
+ "
+    };
+}
+
+/// The CTEs of both statements of [`admit`] that count what `inserted` wrote against its
+/// customers and its vouchers.
+macro_rules! count_ctes {
+    () => {
+        "customers AS (
+     INSERT INTO customer_usage AS u (voucher_code, customer_id, active_count,
+                                      per_user_limit)
+     SELECT i.voucher_code, i.customer_id, count(*)::int4, v.per_user_limit
+     FROM inserted i JOIN voucher v ON v.code = i.voucher_code
+     GROUP BY i.voucher_code, i.customer_id, v.per_user_limit
+     ORDER BY i.voucher_code, i.customer_id
+     ON CONFLICT (voucher_code, customer_id)
+     DO UPDATE SET active_count = u.active_count + excluded.active_count
+ ),
+ used AS (
+     UPDATE vouchers v SET used_count = v.used_count + n.uses
+     FROM (SELECT voucher_code, count(*)::int4 AS uses FROM inserted
+           GROUP BY voucher_code) n
+     WHERE v.code = n.voucher_code
+ )
+"
+    };
+}
+
 /// [`admit`] when the batch is expected to fit: every reservation of a current generation
 /// (and, on the standard terms, within the window and the minimum) is inserted and
 /// counted unless the voucher is sold out already, and the CHECKs refuse the whole
@@ -583,7 +622,8 @@ type Stay = (DateTime<Utc>, DateTime<Utc>);
 /// statement that can write a batch: no ranking, no lookup before the insert.
 /// Parameters: the batch's columns ($1-$8), its vouchers ($9), the TTL of rows without
 /// times ($10), whether the standard terms' checks apply ($11).
-const OPTIMISTIC: &str = "WITH input AS (
+const OPTIMISTIC: &str = concat!(
+    "WITH input AS (
      SELECT u.*
      FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[],
                  $6::timestamptz[], $7::timestamptz[], $8::int8[])
@@ -591,14 +631,9 @@ const OPTIMISTIC: &str = "WITH input AS (
           AS u(voucher_code, customer_id, order_id, order_amount, discount_amount,
                reserved_at, expires_at, generation, idx)
  ),
- voucher AS (
-     SELECT code, used_count, total_limit, per_user_limit, gate_generation,
-            min_order_amount, now() < starts_at AS early, now() >= ends_at AS late
-     FROM vouchers WHERE code = ANY($9::text[])
-     ORDER BY code COLLATE \"C\"
-     FOR NO KEY UPDATE
- ),
- candidate AS (
+ ",
+    voucher_cte!(),
+    "candidate AS (
      SELECT i.*,
             CASE
                 WHEN v.code IS NULL THEN 'redemptions_voucher_fkey'
@@ -620,119 +655,89 @@ const OPTIMISTIC: &str = "WITH input AS (
      ON CONFLICT (order_id) DO NOTHING
      RETURNING voucher_code, customer_id, order_id, reserved_at, expires_at
  ),
- customers AS (
-     INSERT INTO customer_usage AS u (voucher_code, customer_id, active_count,
-                                      per_user_limit)
-     SELECT i.voucher_code, i.customer_id, count(*)::int4, v.per_user_limit
-     FROM inserted i JOIN voucher v ON v.code = i.voucher_code
-     GROUP BY i.voucher_code, i.customer_id, v.per_user_limit
-     ORDER BY i.voucher_code, i.customer_id
-     ON CONFLICT (voucher_code, customer_id)
-     DO UPDATE SET active_count = u.active_count + excluded.active_count
- ),
- used AS (
-     UPDATE vouchers v SET used_count = v.used_count + n.uses
-     FROM (SELECT voucher_code, count(*)::int4 AS uses FROM inserted
-           GROUP BY voucher_code) n
-     WHERE v.code = n.voucher_code
- )
- SELECT order_id, reserved_at, expires_at, NULL::int8 AS idx, NULL::text AS verdict
+ ",
+    count_ctes!(),
+    " SELECT order_id, reserved_at, expires_at, NULL::int8 AS idx, NULL::text AS verdict
  FROM inserted
  UNION ALL
- SELECT NULL, NULL, NULL, idx, verdict FROM candidate WHERE verdict IS NOT NULL";
+ SELECT NULL, NULL, NULL, idx, verdict FROM candidate WHERE verdict IS NOT NULL"
+);
 
 /// [`admit`] deciding each reservation (see there); the parameters of [`OPTIMISTIC`].
-const RANKED: &str = "WITH input AS (
-             SELECT u.*, row_number() OVER (PARTITION BY u.order_id ORDER BY u.idx)
-                             AS nth_of_order
-             FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[],
-                         $6::timestamptz[], $7::timestamptz[], $8::int8[])
-                  WITH ORDINALITY
-                  AS u(voucher_code, customer_id, order_id, order_amount, discount_amount,
-                       reserved_at, expires_at, generation, idx)
-         ),
-         voucher AS (
-             SELECT code, used_count, total_limit, per_user_limit, gate_generation,
-                    min_order_amount, now() < starts_at AS early, now() >= ends_at AS late
-             FROM vouchers WHERE code = ANY($9::text[])
-             ORDER BY code COLLATE \"C\"
-             FOR NO KEY UPDATE
-         ),
-         held AS (
-             SELECT c.voucher_code, c.customer_id, c.active_count
-             FROM customer_usage c
-             WHERE (c.voucher_code, c.customer_id) IN
-                   (SELECT voucher_code, customer_id FROM input)
-         ),
-         candidate AS (
-             SELECT i.*, v.used_count, v.total_limit, v.per_user_limit,
-                    coalesce(h.active_count, 0) AS active_count,
-                    CASE
-                        WHEN v.code IS NULL THEN 'redemptions_voucher_fkey'
-                        WHEN i.generation <> 0 AND i.generation <> v.gate_generation
-                            THEN 'stale'
-                        WHEN i.nth_of_order > 1
-                          OR EXISTS (SELECT 1 FROM redemptions r WHERE r.order_id = i.order_id)
-                            THEN 'known'
-                        WHEN $11 AND v.early THEN 'not_started'
-                        WHEN $11 AND v.late THEN 'expired'
-                        WHEN $11 AND i.order_amount < v.min_order_amount
-                            THEN 'below_min_order'
-                        WHEN v.used_count >= v.total_limit THEN 'vouchers_used_within_limit'
-                    END AS verdict
-             FROM input i
-             LEFT JOIN voucher v ON v.code = i.voucher_code
-             LEFT JOIN held h ON h.voucher_code = i.voucher_code
-                             AND h.customer_id = i.customer_id
-         ),
-         by_customer AS (
-             SELECT c.*, c.active_count + row_number() OVER (
-                        PARTITION BY c.voucher_code, c.customer_id ORDER BY c.idx
-                    ) AS customer_uses
-             FROM candidate c WHERE c.verdict IS NULL
-         ),
-         by_voucher AS (
-             SELECT b.*, b.used_count + row_number() OVER (
-                        PARTITION BY b.voucher_code ORDER BY b.idx
-                    ) AS voucher_uses
-             FROM by_customer b WHERE b.customer_uses <= b.per_user_limit
-         ),
-         inserted AS (
-             INSERT INTO redemptions (voucher_code, customer_id, order_id, order_amount,
-                                      discount_amount, reserved_at, expires_at)
-             SELECT voucher_code, customer_id, order_id, order_amount, discount_amount,
-                    coalesce(reserved_at, now()), coalesce(expires_at, now() + $10::interval)
-             FROM by_voucher WHERE voucher_uses <= total_limit
-             ORDER BY order_id
-             ON CONFLICT (order_id) DO NOTHING
-             RETURNING voucher_code, customer_id, order_id, reserved_at, expires_at
-         ),
-         customers AS (
-             INSERT INTO customer_usage AS u (voucher_code, customer_id, active_count,
-                                              per_user_limit)
-             SELECT i.voucher_code, i.customer_id, count(*)::int4, v.per_user_limit
-             FROM inserted i JOIN voucher v ON v.code = i.voucher_code
-             GROUP BY i.voucher_code, i.customer_id, v.per_user_limit
-             ORDER BY i.voucher_code, i.customer_id
-             ON CONFLICT (voucher_code, customer_id)
-             DO UPDATE SET active_count = u.active_count + excluded.active_count
-         ),
-         used AS (
-             UPDATE vouchers v SET used_count = v.used_count + n.uses
-             FROM (SELECT voucher_code, count(*)::int4 AS uses FROM inserted
-                   GROUP BY voucher_code) n
-             WHERE v.code = n.voucher_code
-         )
-         SELECT order_id, reserved_at, expires_at, NULL::int8 AS idx, NULL::text AS verdict
-         FROM inserted
-         UNION ALL
-         SELECT NULL, NULL, NULL, idx, verdict FROM candidate WHERE verdict <> 'known'
-         UNION ALL
-         SELECT NULL, NULL, NULL, idx, 'customer_usage_within_limit' FROM by_customer
-         WHERE customer_uses > per_user_limit
-         UNION ALL
-         SELECT NULL, NULL, NULL, idx, 'vouchers_used_within_limit' FROM by_voucher
-         WHERE voucher_uses > total_limit";
+const RANKED: &str = concat!(
+    "WITH input AS (
+     SELECT u.*, row_number() OVER (PARTITION BY u.order_id ORDER BY u.idx)
+                     AS nth_of_order
+     FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[],
+                 $6::timestamptz[], $7::timestamptz[], $8::int8[])
+          WITH ORDINALITY
+          AS u(voucher_code, customer_id, order_id, order_amount, discount_amount,
+               reserved_at, expires_at, generation, idx)
+ ),
+ ",
+    voucher_cte!(),
+    "held AS (
+     SELECT c.voucher_code, c.customer_id, c.active_count
+     FROM customer_usage c
+     WHERE (c.voucher_code, c.customer_id) IN
+           (SELECT voucher_code, customer_id FROM input)
+ ),
+ candidate AS (
+     SELECT i.*, v.used_count, v.total_limit, v.per_user_limit,
+            coalesce(h.active_count, 0) AS active_count,
+            CASE
+                WHEN v.code IS NULL THEN 'redemptions_voucher_fkey'
+                WHEN i.generation <> 0 AND i.generation <> v.gate_generation
+                    THEN 'stale'
+                WHEN i.nth_of_order > 1
+                  OR EXISTS (SELECT 1 FROM redemptions r WHERE r.order_id = i.order_id)
+                    THEN 'known'
+                WHEN $11 AND v.early THEN 'not_started'
+                WHEN $11 AND v.late THEN 'expired'
+                WHEN $11 AND i.order_amount < v.min_order_amount
+                    THEN 'below_min_order'
+                WHEN v.used_count >= v.total_limit THEN 'vouchers_used_within_limit'
+            END AS verdict
+     FROM input i
+     LEFT JOIN voucher v ON v.code = i.voucher_code
+     LEFT JOIN held h ON h.voucher_code = i.voucher_code
+                     AND h.customer_id = i.customer_id
+ ),
+ by_customer AS (
+     SELECT c.*, c.active_count + row_number() OVER (
+                PARTITION BY c.voucher_code, c.customer_id ORDER BY c.idx
+            ) AS customer_uses
+     FROM candidate c WHERE c.verdict IS NULL
+ ),
+ by_voucher AS (
+     SELECT b.*, b.used_count + row_number() OVER (
+                PARTITION BY b.voucher_code ORDER BY b.idx
+            ) AS voucher_uses
+     FROM by_customer b WHERE b.customer_uses <= b.per_user_limit
+ ),
+ inserted AS (
+     INSERT INTO redemptions (voucher_code, customer_id, order_id, order_amount,
+                              discount_amount, reserved_at, expires_at)
+     SELECT voucher_code, customer_id, order_id, order_amount, discount_amount,
+            coalesce(reserved_at, now()), coalesce(expires_at, now() + $10::interval)
+     FROM by_voucher WHERE voucher_uses <= total_limit
+     ORDER BY order_id
+     ON CONFLICT (order_id) DO NOTHING
+     RETURNING voucher_code, customer_id, order_id, reserved_at, expires_at
+ ),
+ ",
+    count_ctes!(),
+    "SELECT order_id, reserved_at, expires_at, NULL::int8 AS idx, NULL::text AS verdict
+ FROM inserted
+ UNION ALL
+ SELECT NULL, NULL, NULL, idx, verdict FROM candidate WHERE verdict <> 'known'
+ UNION ALL
+ SELECT NULL, NULL, NULL, idx, 'customer_usage_within_limit' FROM by_customer
+ WHERE customer_uses > per_user_limit
+ UNION ALL
+ SELECT NULL, NULL, NULL, idx, 'vouchers_used_within_limit' FROM by_voucher
+ WHERE voucher_uses > total_limit"
+);
 
 /// One row of [`admit`]'s answer: a row it inserted, or a reservation's verdict.
 #[derive(sqlx::FromRow)]
