@@ -69,6 +69,16 @@ impl Run {
         })
         .await?;
         let sustained = best(&flash_steps).is_some();
+        let mut failed_breakdown = String::new();
+        // The step that failed, answer by answer, and broken down (by who answered what,
+        // by time): where its p99 comes from.
+        if let Some(failed) = flash_steps.last().filter(|s| !s.outcome.sustained(100.0)) {
+            write_samples(
+                &self.out.join("flash-sale-samples-failed.csv"),
+                &failed.outcome,
+            )?;
+            failed_breakdown = breakdown(failed.rate, &failed.outcome);
+        }
         let sale = best(&flash_steps).or(flash_steps.first());
         if let Some(s) = sale {
             let o = &s.outcome;
@@ -117,6 +127,58 @@ impl Run {
             "Flash sale ladder (1,000-use flash voucher per step, through the edge; ours)",
             &flash_steps,
         );
+        self.report.push_str(&failed_breakdown);
         Ok(())
     }
+}
+
+/// The failed step's answers by kind (201; 409 from the edge; 409 from a core, i.e. sent
+/// on after the sell-out) and by quarter second for its first two seconds.
+fn breakdown(rate: u64, o: &crate::load::Outcome) -> String {
+    use std::fmt::Write as _;
+    let mut md = String::new();
+    let _ = writeln!(md, "\n## The failed step ({rate}/s), broken down\n");
+    let _ = writeln!(
+        md,
+        "| answers | count | p50 | p99 | max |\n|---|---|---|---|---|"
+    );
+    type Keep = fn(&crate::load::Sample) -> bool;
+    let kinds: [(&str, Keep); 4] = [
+        ("201", |x| x.status == 201),
+        ("409 from the edge", |x| x.status == 409 && x.by_edge),
+        ("409 from a core", |x| x.status == 409 && !x.by_edge),
+        ("other", |x| x.status != 201 && x.status != 409),
+    ];
+    for (name, keep) in kinds {
+        let _ = writeln!(
+            md,
+            "| {name} | {} | {} | {} | {} |",
+            o.count(keep),
+            fmt_ms(o.percentile(50.0, keep)),
+            fmt_ms(o.percentile(99.0, keep)),
+            fmt_ms(o.percentile(100.0, keep)),
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\n| scheduled at | answers | 201 | 409 from a core | p99 |\n|---|---|---|---|---|"
+    );
+    for quarter in 0..8u32 {
+        let (from, to) = (
+            std::time::Duration::from_millis(250 * u64::from(quarter)),
+            std::time::Duration::from_millis(250 * u64::from(quarter + 1)),
+        );
+        let within = |x: &crate::load::Sample| x.at >= from && x.at < to;
+        let _ = writeln!(
+            md,
+            "| {}-{} ms | {} | {} | {} | {} |",
+            from.as_millis(),
+            to.as_millis(),
+            o.count(within),
+            o.count(|x| within(x) && x.status == 201),
+            o.count(|x| within(x) && x.status == 409 && !x.by_edge),
+            fmt_ms(o.percentile(99.0, within)),
+        );
+    }
+    md
 }
