@@ -2,14 +2,16 @@
 //!
 //! Concurrent reservations queue (`crate::batching`); each of `standard.group_workers`
 //! tasks takes what has queued, waits up to `standard.group_linger` for more (up to
-//! `standard.group_batch_max`), and decides the group in one statement on a connection it
-//! keeps (`DecidedWriter::reserve_standard`, the statement flash mode's recorder uses): a
-//! repeat of an order is answered from its row, then the window and the minimum order are
-//! checked on PostgreSQL's clock, then the customers' and the voucher's limits in arrival
-//! order; the rows that fit are inserted and counted, and their times are PostgreSQL's.
-//! One statement takes the voucher's row lock once for the whole group, where one
-//! transaction per reservation took it once per use: that lock is what a hot voucher
-//! queues on.
+//! `standard.group_batch_max`), and has the group decided on a connection it keeps
+//! (`DecidedWriter::reserve_standard`, the statements flash mode's recorder uses). The
+//! first statement writes the group as it is: a request outside the window or below the
+//! minimum (on PostgreSQL's clock) or on a voucher already sold out is refused from the
+//! voucher's locked row, a repeat of an order is skipped by the unique orderId and
+//! answered from its row, and the CHECKs refuse the statement if the rest crosses a limit;
+//! a group they refuse is decided by one more, reservation by reservation, the customers'
+//! limits then the voucher's, in arrival order. The rows' times are PostgreSQL's. One
+//! statement takes the voucher's row lock once for the whole group, where one transaction
+//! per reservation took it once per use: that lock is what a hot voucher queues on.
 //!
 //! Nothing is lost when a statement fails: it is one transaction, so either the group's
 //! rows are all committed or none is; every waiter gets 503 and its retry is answered

@@ -1,6 +1,6 @@
-// The same hot-voucher sale on a standard-mode voucher: one PostgreSQL transaction per
-// reservation on one hot row (the seed article's first solution). Compare with
-// flash-sale.js at the same RATE.
+// The same hot-voucher sale on a standard-mode voucher: PostgreSQL alone decides, on one
+// hot row, in groups of the reservations that arrive together (see ARCHITECTURE.md,
+// Standard mode). Compare with flash-sale.js at the same RATE.
 //
 //   RATE=300 DURATION=10s k6 run loadtest/k6/standard-hot.js
 import exec from 'k6/execution';
