@@ -464,15 +464,17 @@ pub(super) async fn by_index(conn: &mut PgConnection) -> Result<(), sqlx::Error>
     Ok(())
 }
 
-/// Decides a batch and writes what it admits, in one statement; returns what it did.
+/// Writes a batch in one statement, [`OPTIMISTIC`] or [`RANKED`] as `ranking` says;
+/// returns what it did.
 ///
-/// The batch's voucher rows are locked first (`FOR NO KEY UPDATE`, in code order byte by
+/// Both lock the batch's voucher rows first (`FOR NO KEY UPDATE`, in code order byte by
 /// byte, the order `give_back_uses` takes them in; the lock the count's update needs
-/// anyway); a locked row is read as its latest version, so
-/// the voucher's count and generation are exact however long the lock took. Then, in
-/// arrival order, each reservation is:
-/// - stale, if its gate's generation is not the voucher's latest (the fence, see
-///   [`super::Store::record_decided`]);
+/// anyway); a locked row is read as its latest version, so the voucher's count and
+/// generation are exact however long the lock took. A reservation whose gate's generation
+/// is not the voucher's latest is stale (the fence, see [`super::Store::record_decided`]);
+/// one outside the window or below the minimum (standard terms), or on a voucher sold out
+/// already, is refused. [`OPTIMISTIC`] inserts the rest. [`RANKED`] goes on, in arrival
+/// order; each reservation is:
 /// - left for [`classify_existing`], if its orderId has a row already (a repeat, or
 ///   another reservation's) or came earlier in the batch (a concurrent retry: it takes
 ///   no place of its own, and is answered as the first occurrence is);
@@ -483,14 +485,14 @@ pub(super) async fn by_index(conn: &mut PgConnection) -> Result<(), sqlx::Error>
 ///
 /// Rows go in in orderId order, so two batches that share orderIds (one orderId sent to
 /// two vouchers, through two cores) wait on each other's index entries in the same order
-/// instead of deadlocking. One orderId twice in a batch is inserted once; a new orderId
-/// that another transaction inserts meanwhile is skipped by the unique index, its place
-/// in the ranking unused (it can only make this batch admit fewer, never more; the
-/// reservation is then a repeat, see [`classify`]). Customers' counts are read as of the
-/// statement's start: one that another core's batch raised meanwhile makes the upsert
-/// break its CHECK (decided again, see [`record_reserved`]); one that a release lowered
-/// meanwhile can refuse `customer_usage_within_limit` a use the customer had room for,
-/// an answer its retry corrects.
+/// instead of deadlocking. One orderId twice in a batch is inserted once; in [`RANKED`], a
+/// new orderId that another transaction inserts meanwhile is skipped by the unique index,
+/// its place in the ranking unused (it can only make this batch admit fewer, never more;
+/// the reservation is then a repeat, see [`classify`]). [`RANKED`] reads customers' counts
+/// as of the statement's start: one that another core's batch raised meanwhile makes the
+/// upsert break its CHECK (decided again, see [`record_reserved`]); one that a release
+/// lowered meanwhile can refuse `customer_usage_within_limit` a use the customer had room
+/// for, an answer its retry corrects.
 async fn admit(
     conn: &mut PgConnection,
     batch: &[Reservation],
