@@ -110,8 +110,8 @@ pub struct AdminSettings {
 /// The tokens `config/core.toml` publishes for development stacks.
 pub const DEVELOPMENT_TOKENS: [&str; 2] = ["dev-admin-token", "dev-orders-token"];
 
-/// Standard mode decides concurrent reservations in groups, one statement per group (see
-/// `standard.rs`).
+/// Standard mode decides concurrent reservations in groups: one statement per group, one
+/// more for a group that crosses a limit (see `standard.rs`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StandardSettings {
