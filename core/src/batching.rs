@@ -2,12 +2,15 @@
 //! mode's grouper): each of their workers takes whatever has queued, waits up to a linger
 //! for more, up to a most per batch. Under load the queue fills while the previous batch's
 //! statement runs, so batches grow with the load; the linger bounds what a lone request
-//! waits for company. What waits is counted in a gauge (`voucher_group_queued`).
+//! waits for company. What waits is counted (`voucher_group_queued`), and so is the size of
+//! every batch taken (`voucher_group_size`), per mode.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus::IntGauge;
+use prometheus::{Histogram, IntGauge};
+
+use crate::metrics::Metrics;
 use tokio::sync::{mpsc, Mutex};
 
 /// The sending side: jobs queued and not yet taken into a batch are counted in `queued`.
@@ -47,6 +50,7 @@ pub struct Batches<T> {
     batch_max: usize,
     linger: Duration,
     queued: IntGauge,
+    sizes: Histogram,
 }
 
 impl<T> Clone for Batches<T> {
@@ -56,19 +60,23 @@ impl<T> Clone for Batches<T> {
             batch_max: self.batch_max,
             linger: self.linger,
             queued: self.queued.clone(),
+            sizes: self.sizes.clone(),
         }
     }
 }
 
-/// A queue for `workers` workers taking up to `batch_max` jobs at a time, counting what
-/// waits in `queued`. Its bound (four batches per worker) makes senders wait instead of
-/// queueing without end; the admission limit in front of it keeps that wait short.
+/// A queue for `workers` workers taking up to `batch_max` jobs at a time, counted in
+/// `metrics` under `mode`. Its bound (four batches per worker) makes senders wait instead
+/// of queueing without end; the admission limit in front of it keeps that wait short.
 pub fn queue<T>(
     workers: usize,
     batch_max: usize,
     linger: Duration,
-    queued: IntGauge,
+    metrics: &Metrics,
+    mode: &str,
 ) -> (Queue<T>, Batches<T>) {
+    let queued = metrics.group_queued.with_label_values(&[mode]);
+    let sizes = metrics.group_size.with_label_values(&[mode]);
     let batch_max = batch_max.max(1);
     let (sender, receiver) = mpsc::channel(batch_max * workers.max(1) * 4);
     let batches = Batches {
@@ -76,6 +84,7 @@ pub fn queue<T>(
         batch_max,
         linger,
         queued: queued.clone(),
+        sizes,
     };
     (Queue { sender, queued }, batches)
 }
@@ -100,6 +109,7 @@ impl<T> Batches<T> {
             }
         }
         self.queued.sub(batch.len() as i64);
+        self.sizes.observe(batch.len() as f64);
         Some(batch)
     }
 }
@@ -108,14 +118,14 @@ impl<T> Batches<T> {
 mod tests {
     use super::*;
 
-    fn gauge() -> IntGauge {
-        IntGauge::new("queued", "queued").expect("gauge")
+    fn queued(metrics: &Metrics) -> IntGauge {
+        metrics.group_queued.with_label_values(&["test"])
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_batch_holds_what_queued_and_what_came_within_the_linger_up_to_its_most() {
-        let queued = gauge();
-        let (sender, batches) = queue(1, 3, Duration::from_millis(5), queued.clone());
+        let metrics = Metrics::new();
+        let (sender, batches) = queue(1, 3, Duration::from_millis(5), &metrics, "test");
         for i in 0..2 {
             sender.send(i).await.expect("queued");
         }
@@ -127,16 +137,18 @@ mod tests {
             }
         });
         assert_eq!(batches.next().await, Some(vec![0, 1, 2]));
-        assert_eq!(queued.get(), 2, "two still queued");
+        assert_eq!(queued(&metrics).get(), 2, "two still queued");
         assert_eq!(batches.next().await, Some(vec![3, 4]));
-        assert_eq!(queued.get(), 0);
+        assert_eq!(queued(&metrics).get(), 0);
+        let sizes = metrics.group_size.with_label_values(&["test"]);
+        assert_eq!((sizes.get_sample_count(), sizes.get_sample_sum()), (2, 5.0));
         drop(sender);
         assert_eq!(batches.next().await, None);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_lone_job_waits_no_longer_than_the_linger() {
-        let (sender, batches) = queue(1, 10, Duration::from_millis(5), gauge());
+        let (sender, batches) = queue(1, 10, Duration::from_millis(5), &Metrics::new(), "test");
         sender.send(1).await.expect("queued");
         let started = tokio::time::Instant::now();
         assert_eq!(batches.next().await, Some(vec![1]));

@@ -17,6 +17,7 @@
 //! rows are all committed or none is; every waiter gets 503 and its retry is answered
 //! from the row if the commit happened after all.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use chrono::Utc;
@@ -27,7 +28,7 @@ use crate::config::StandardSettings;
 use crate::domain::{Ineligibility, Reservation, ReservationRequest, ReservationStatus, Voucher};
 use crate::error::constraint_error;
 use crate::metrics::Metrics;
-use crate::store::{BatchResult, DecidedWriter, Recording, ReserveOutcome, Store};
+use crate::store::{BatchResult, DecidedWriter, Recording, ReserveOutcome, Store, Written};
 use crate::{Error, Result};
 
 struct Job {
@@ -55,7 +56,8 @@ impl Grouper {
             workers,
             settings.group_batch_max,
             settings.group_linger,
-            metrics.group_queued.with_label_values(&["standard"]),
+            &metrics,
+            "standard",
         );
         for _ in 0..workers {
             let worker = Worker {
@@ -118,10 +120,6 @@ impl Worker {
                 .into_iter()
                 .map(|job| (job.reservation, job.answer))
                 .unzip();
-            self.metrics
-                .group_size
-                .with_label_values(&["standard"])
-                .observe(reservations.len() as f64);
             let outcomes = match self.writer.reserve_standard(&reservations, self.ttl).await {
                 Ok(Recording::Done(result)) => {
                     self.metrics
@@ -130,13 +128,10 @@ impl Worker {
                         .inc_by(result.transactions as u64);
                     answers_of(reservations, result)
                 }
-                Ok(Recording::NotSent(e)) => {
-                    let shared = Arc::new(e);
-                    (0..answers.len())
-                        .map(|_| Err(Error::unavailable_because("database", shared.clone())))
-                        .collect()
-                }
-                Err(e) => {
+                // No connection (nothing sent), or the statement failed: either way nothing
+                // of the group was committed but by a commit whose answer was lost, which
+                // a retry finds as the row.
+                Ok(Recording::NotSent(e)) | Err(e) => {
                     let shared = Arc::new(e);
                     (0..answers.len())
                         .map(|_| Err(Error::unavailable_because("database", shared.clone())))
@@ -171,19 +166,22 @@ fn answers_of(batch: Vec<Reservation>, result: BatchResult) -> Vec<Result<Reserv
             ))));
         }
     }
+    // Looked up once per reservation: a linear search per reservation was quadratic in
+    // the group's size, on the hot path.
+    let written: HashMap<&str, &Written> = result
+        .written
+        .iter()
+        .map(|w| (w.order_id.as_str(), w))
+        .collect();
     batch
         .into_iter()
         .zip(answers)
         .map(|(mut reservation, answer)| {
             answer.unwrap_or_else(|| {
                 // Neither repeated, refused nor stale: written by this statement.
-                let written = result
-                    .written
-                    .iter()
-                    .find(|w| w.order_id == reservation.order_id.as_str())
-                    .ok_or_else(|| {
-                        Error::internal(anyhow::anyhow!("a written reservation has no row"))
-                    })?;
+                let written = written.get(reservation.order_id.as_str()).ok_or_else(|| {
+                    Error::internal(anyhow::anyhow!("a written reservation has no row"))
+                })?;
                 reservation.reserved_at = written.reserved_at;
                 reservation.expires_at = written.expires_at;
                 Ok(ReserveOutcome::Reserved(reservation))

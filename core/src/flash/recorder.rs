@@ -3,9 +3,10 @@
 //!
 //! Reservations queue on a channel (`crate::batching`); each of `record_workers` tasks
 //! takes whatever has queued, waits up to `record_linger` for more (up to
-//! `record_batch_max` in all), and records the batch in one transaction (`store::record_decided`: the voucher's and the
-//! customer's counted limits and the orderId's uniqueness are checked there), on a
-//! connection it keeps between batches. Under load the queue fills while the previous
+//! `record_batch_max` in all), and records the batch in one statement
+//! (`store::record_decided`: the voucher's and the customer's counted limits and the
+//! orderId's uniqueness are checked there; one more decides a batch that crosses a
+//! limit), on a connection it keeps between batches. Under load the queue fills while the previous
 //! transaction runs, so batches grow with the load; the linger bounds what a lone
 //! reservation waits for company. Once the answers are out, the batch's committed orders
 //! are settled in the gate, one call per voucher (`settle.lua`).
@@ -70,7 +71,8 @@ impl Recorder {
             workers,
             settings.record_batch_max,
             settings.record_linger,
-            metrics.group_queued.with_label_values(&["flash"]),
+            &metrics,
+            "flash",
         );
         for _ in 0..workers {
             let worker = Worker {
@@ -124,10 +126,6 @@ impl Worker {
                 .into_iter()
                 .map(|job| (job.reservation, job.answer))
                 .unzip();
-            self.metrics
-                .group_size
-                .with_label_values(&["flash"])
-                .observe(reservations.len() as f64);
             let outcomes: Vec<Result<Recorded>> = match self
                 .writer
                 .record(&reservations, &generations)
