@@ -8,6 +8,8 @@
 #   BENCH_ONLY=sale ./loadtest/bench.sh     # only the flash sale through the edge, beside the edge's reject path: SALE.md
 #   BENCH_ONLY=reject ./loadtest/bench.sh   # only the edge's reject path vs bare server, minimal Pingora, nginx: REJECT.md
 #   STEP_SECS=6 BENCH_ONLY=overload ./loadtest/bench.sh   # only a core offered up to 10x what it takes: OVERLOAD.md
+#   BENCH_ONLY=memory ./loadtest/bench.sh   # what the edge's and a core's memory is made of, part by part: MEMORY.md
+#   OUT=reports/soak BENCH_ONLY=soak ./loadtest/bench.sh   # 10 minutes of sales at half the sustained rate, memory followed: SOAK.md
 . "$(dirname "$0")/../scripts/lib.sh"
 cd "$ROOT"
 
@@ -24,8 +26,14 @@ command -v nginx >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noni
 command -v redis-benchmark >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq redis-tools >/dev/null; }
 cargo build --release -p voucher-bench
 mkdir -p "$OUT"
-if [[ ${BENCH_ONLY:-} == rate-limits || ${BENCH_ONLY:-} == accept || ${BENCH_ONLY:-} == overload || ${BENCH_ONLY:-} == reject || ${BENCH_ONLY:-} == sale ]]; then
+if [[ ${BENCH_ONLY:-} == rate-limits || ${BENCH_ONLY:-} == accept || ${BENCH_ONLY:-} == overload || ${BENCH_ONLY:-} == reject || ${BENCH_ONLY:-} == sale || ${BENCH_ONLY:-} == memory ]]; then
   DATABASE_URL="$VOUCHER__DATABASE__URL" "$TARGET_DIR"/release/voucher-bench "$BENCH_ONLY" "$OUT"
+  exit
+fi
+if [[ ${BENCH_ONLY:-} == soak ]]; then
+  DATABASE_URL="$VOUCHER__DATABASE__URL" "$TARGET_DIR"/release/voucher-bench soak "$OUT"
+  python3 -c 'import matplotlib' 2>/dev/null || pip install -q matplotlib
+  python3 loadtest/plot.py --soak "$OUT"
   exit
 fi
 DATABASE_URL="$VOUCHER__DATABASE__URL" "$TARGET_DIR"/release/voucher-bench "$OUT"

@@ -1,6 +1,8 @@
-"""Plots of the flash-sale run of the benchmark: latency percentiles and issued uses over time.
+"""Plots of the benchmark: the flash-sale run's latency percentiles and issued uses over
+time; with --soak, the soak's resident memory over time.
 
     python3 loadtest/plot.py reports/bench
+    python3 loadtest/plot.py --soak reports/soak
 """
 import csv
 import sys
@@ -60,5 +62,27 @@ def main(out: Path) -> None:
     fig.savefig(out / "flash-sale-issued.png", dpi=110)
 
 
+def soak(out: Path) -> None:
+    rows = list(csv.DictReader(open(out / "soak-rss.csv")))
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for column, label in (("edge_mib", "edge"), ("core1_mib", "core 1"), ("core2_mib", "core 2")):
+        pts = [(float(r["at_s"]) / 60, float(r[column])) for r in rows if r[column]]
+        ax.plot([t for t, _ in pts], [v for _, v in pts], label=label)
+    ax.axhline(64, color="red", linewidth=0.8, label="64 MiB")
+    # Growth is judged from a fifth of the run (minute 2 of 10) to its end, as in SOAK.md.
+    end = max((float(r["at_s"]) for r in rows), default=0) / 60
+    ax.axvline(end / 5, color="grey", linewidth=0.8, linestyle="--", label="a fifth in (minute 2 of 10)")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("minutes into the soak")
+    ax.set_ylabel("resident memory (VmRSS, MiB)")
+    ax.set_title("Soak: flash sales back to back")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "soak-rss.png", dpi=110)
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "reports/bench"))
+    if sys.argv[1:2] == ["--soak"]:
+        soak(Path(sys.argv[2] if len(sys.argv) > 2 else "reports/soak"))
+    else:
+        main(Path(sys.argv[1] if len(sys.argv) > 1 else "reports/bench"))

@@ -257,6 +257,12 @@ pub struct KafkaSettings {
     /// How long the producer keeps trying one event; past it the send fails as ambiguous.
     #[serde(with = "humantime_serde")]
     pub message_timeout: Duration,
+    /// Events waiting in a producer for the broker, at most, in KiB
+    /// (`queue.buffering.max.kbytes`; librdkafka's own default is 1 GiB). It bounds the
+    /// core's memory while the broker is slow or stopped: past it a new event is refused at
+    /// once (`not_written`), which with the broker deciding is a 503 whose use is given
+    /// back, and with PostgreSQL deciding an announcement dropped (its row is committed).
+    pub queue_max_kbytes: u64,
     /// How long the producer waits to group events into one request (`linger.ms`). Unset:
     /// 2 ms with the broker deciding (the client waits for the acknowledgement) and
     /// 20 ms with PostgreSQL deciding (the event is published after the 201; fewer, larger
@@ -304,6 +310,7 @@ impl Default for KafkaSettings {
             min_insync_replicas: 2,
             properties: KafkaProperties::default(),
             message_timeout: Duration::from_secs(5),
+            queue_max_kbytes: 1_048_576,
             consume: None,
             batch_max: 500,
             batch_wait: Duration::from_millis(20),
@@ -319,7 +326,7 @@ impl Default for KafkaSettings {
 /// librdkafka properties the core sets itself, because a guarantee rests on them (acks and
 /// idempotence of the producers, the consumer's own offset handling, the group and servers
 /// that have their own settings). Configuring one of them is refused, not ignored.
-pub const RESERVED_KAFKA_PROPERTIES: [&str; 9] = [
+pub const RESERVED_KAFKA_PROPERTIES: [&str; 10] = [
     "bootstrap.servers",
     "group.id",
     "acks",
@@ -329,6 +336,7 @@ pub const RESERVED_KAFKA_PROPERTIES: [&str; 9] = [
     "message.timeout.ms",
     "fetch.wait.max.ms",
     "linger.ms",
+    "queue.buffering.max.kbytes",
 ];
 
 /// Extra librdkafka properties. Their values may be secrets (`sasl.password`,

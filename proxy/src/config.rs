@@ -63,6 +63,13 @@ pub struct EdgeSettings {
     pub key_prefix: String,
     /// Worker threads of the proxy service.
     pub threads: usize,
+    /// Bytes of each client connection's read buffer (pingora's L4 buffer, allocated and
+    /// zeroed per connection while it is open; pingora's default is 64 KiB). A
+    /// reservation's request is a few hundred bytes, and a longer one is read in several
+    /// reads: the headers' own buffer grows up to `max_header_bytes`. Measured with 1,024
+    /// keep-alive connections (`BENCH_ONLY=memory ./loadtest/bench.sh`): 90 KiB per
+    /// connection with 64 KiB, 28 KiB with 4 KiB.
+    pub read_buffer_bytes: usize,
     /// `text` for people, `json` for log shippers (`EDGE__LOG_FORMAT=json`).
     pub log_format: String,
     /// One `info` line per request (target `access`): request id, method, path, route,
@@ -122,6 +129,7 @@ impl Default for EdgeSettings {
             redis_tls: Default::default(),
             key_prefix: voucher_contract::DEFAULT_KEY_PREFIX.into(),
             threads: 2,
+            read_buffer_bytes: 4096,
             log_format: "text".into(),
             access_log: AccessLog::All,
             admission: voucher_admission::AdmissionSettings {

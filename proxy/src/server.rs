@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use pingora::http::RequestHeader;
 use pingora::lb::health_check::HttpHealthCheck;
 use pingora::lb::LoadBalancer;
+use pingora::listeners::{L4BufferSettings, ListenerConfig};
 use pingora::server::configuration::ServerConf;
 use pingora::server::{Server, ShutdownWatch};
 use pingora::services::background::{background_service, BackgroundService};
@@ -100,7 +101,10 @@ pub fn build(settings: EdgeSettings) -> anyhow::Result<Server> {
         admission: admission.clone(),
     };
     let mut proxy = pingora::proxy::http_proxy_service(&server.configuration, edge);
-    proxy.add_tcp(&settings.listen);
+    proxy.add_listener(
+        ListenerConfig::tcp(settings.listen.as_str())
+            .l4_buffer(L4BufferSettings::default().read(settings.read_buffer_bytes)),
+    );
     server.add_service(proxy);
     server.add_service(health);
     // pingora's own Prometheus service: the default registry, on its own listener.

@@ -28,7 +28,12 @@ struct SaleDetail {
 }
 
 impl Run {
-    pub async fn flash_sale(&mut self, rates: &[u64], step: Duration) -> anyhow::Result<()> {
+    /// Runs the ladder; returns the highest rate sustained, if any was.
+    pub async fn flash_sale(
+        &mut self,
+        rates: &[u64],
+        step: Duration,
+    ) -> anyhow::Result<Option<u64>> {
         let (stack, run_id, accepted, edge) =
             (&self.stack, &self.run_id, &self.accepted, self.edge);
         eprintln!("flash sale through the edge");
@@ -128,7 +133,7 @@ impl Run {
             &flash_steps,
         );
         self.report.push_str(&failed_breakdown);
-        Ok(())
+        Ok(best(&flash_steps).map(|s| s.rate))
     }
 }
 

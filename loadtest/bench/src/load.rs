@@ -232,7 +232,25 @@ pub async fn run_closed(
     })
 }
 
-type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+pub type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+/// Opens `connections` keep-alive connections to `target`, one at a time, each carrying one
+/// request (`request(i)`), and hands them back open: what a server keeps per idle client
+/// connection is measured while they are held. Fails on any connection error.
+pub async fn hold(
+    target: SocketAddr,
+    connections: usize,
+    request: RequestFn,
+) -> anyhow::Result<Vec<Sender>> {
+    let mut held = Vec::with_capacity(connections);
+    for i in 0..connections as u64 {
+        let mut sender = None;
+        let (method, path, body) = request(i);
+        send(&mut sender, target, method, &path, body).await?;
+        held.extend(sender);
+    }
+    Ok(held)
+}
 
 async fn send(
     sender: &mut Option<Sender>,

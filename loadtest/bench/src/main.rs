@@ -13,6 +13,11 @@
 //!                                    minimal Pingora and nginx (REJECT.md)
 //!   voucher-bench overload [OUT]     only a core offered more than it takes, flash and
 //!                                    standard (OVERLOAD.md)
+//!   voucher-bench memory [OUT]       what the edge's and a core's memory is made of, part
+//!                                    by part (MEMORY.md)
+//!   voucher-bench soak [OUT]         flash sales back to back for 10 minutes at half the
+//!                                    sustained sale rate, the edge's and cores' memory
+//!                                    followed (SOAK.md)
 //!   voucher-bench big-voucher [OUT]  a flash voucher of a million uses: sale, reload,
 //!                                    reconciliation, Redis's slow log (`loadtest/big-voucher.sh`)
 //!
@@ -31,6 +36,7 @@ mod ladder;
 mod latency;
 mod limits;
 mod load;
+mod memory;
 mod overload;
 mod peak_memory;
 mod probe;
@@ -38,6 +44,7 @@ mod reject_path;
 mod report;
 mod run;
 mod slowlog;
+mod soak;
 mod wrk;
 
 use std::net::SocketAddr;
@@ -95,6 +102,14 @@ enum Command {
         #[arg(default_value = "reports/bench")]
         out: PathBuf,
     },
+    /// What the edge's and a core's resident memory is made of, part by part (MEMORY.md).
+    Memory {
+        #[arg(default_value = "reports/bench")]
+        out: PathBuf,
+    },
+    /// Flash sales back to back through the edge, the resident memory of the edge and the
+    /// cores followed (SOAK.md).
+    Soak(SoakArgs),
     /// Only a core offered more than it takes: flash and standard, open model up to 10
     /// times the sustained rate and 1,000 connections in closed loop (OVERLOAD.md).
     Overload {
@@ -206,6 +221,9 @@ struct BenchArgs {
         default_value = "250,500,1000,1500,2000,3000"
     )]
     overload_standard_rates: Rates,
+    /// The rate of the sale of `memory` (through the edge).
+    #[arg(long, env = "MEMORY_SALE_RATE", default_value_t = 2000)]
+    memory_sale_rate: u64,
     /// Calls of the gate's reserve script per state, by our client and by redis-benchmark.
     #[arg(long, env = "GATE_REQUESTS", default_value_t = 200_000)]
     gate_requests: u64,
@@ -226,6 +244,24 @@ pub struct BigArgs {
     /// Redis's slow log keeps every call slower than this (microseconds).
     #[arg(long, env = "SLOW_US", default_value_t = 2000)]
     pub slow_us: i64,
+}
+
+/// The settings of `soak`.
+#[derive(Args, Debug)]
+pub struct SoakArgs {
+    /// Where SOAK.md and its CSV go.
+    #[arg(default_value = "reports/soak")]
+    pub out: PathBuf,
+    /// How long the soak lasts, in seconds.
+    #[arg(long, env = "SOAK_SECS", default_value_t = 600)]
+    pub secs: u64,
+    /// Requests per second of every sale; unset, half the highest rate the sale ladder
+    /// (SALE_RATES) sustains in a first pass.
+    #[arg(long, env = "SOAK_RATE")]
+    pub rate: Option<u64>,
+    /// Seconds of load per sale.
+    #[arg(long, env = "SOAK_SALE_SECS", default_value_t = 10)]
+    pub sale_secs: u64,
 }
 
 /// A ladder of rates, comma-separated: blanks around a rate and empty entries are skipped,
@@ -260,6 +296,39 @@ async fn main() -> anyhow::Result<()> {
             report::write_rate_limits(&run)
         }
         Some(Command::BigVoucher(args)) => big::run(&cli.stack, &args).await,
+        Some(Command::Memory { out }) => {
+            let step = Duration::from_secs(cli.bench.step_secs);
+            let mut run = Run::connect(out, &cli.stack).await?;
+            run.memory_account(cli.bench.memory_sale_rate, step).await?;
+            run.invariants().await?;
+            report::write_memory(&run)
+        }
+        Some(Command::Soak(args)) => {
+            let step = Duration::from_secs(cli.bench.step_secs);
+            let mut run = Run::connect(args.out.clone(), &cli.stack).await?;
+            let (rate, rate_source) = match args.rate {
+                Some(rate) => (rate, "SOAK_RATE".to_owned()),
+                None => {
+                    let sustained = run.flash_sale(&cli.bench.sale_rates.0, step).await?;
+                    let Some(sustained) = sustained else {
+                        anyhow::bail!("the sale ladder sustained no step: no rate to soak at");
+                    };
+                    (
+                        sustained / 2,
+                        format!("half of {sustained}/s, the highest step the sale ladder sustained first in this run"),
+                    )
+                }
+            };
+            let plan = soak::SoakPlan {
+                duration: Duration::from_secs(args.secs),
+                rate,
+                rate_source,
+                sale: Duration::from_secs(args.sale_secs),
+            };
+            run.soak(&plan).await?;
+            run.invariants().await?;
+            report::write_soak(&run)
+        }
         Some(Command::Accept { out }) => {
             let step = Duration::from_secs(cli.bench.step_secs);
             let mut run = Run::connect(out, &cli.stack).await?;
@@ -269,7 +338,7 @@ async fn main() -> anyhow::Result<()> {
         Some(Command::Sale { out }) => {
             let step = Duration::from_secs(cli.bench.step_secs);
             let mut run = Run::connect(out, &cli.stack).await?;
-            run.flash_sale(&cli.bench.sale_rates.0, step).await?;
+            let _ = run.flash_sale(&cli.bench.sale_rates.0, step).await?;
             run.reject_path(&cli.bench.reject_rates.0, step).await?;
             run.invariants().await?;
             report::write_sale(&run)
@@ -296,7 +365,7 @@ async fn main() -> anyhow::Result<()> {
 async fn bench(out: PathBuf, stack: &StackArgs, args: &BenchArgs) -> anyhow::Result<()> {
     let step = Duration::from_secs(args.step_secs);
     let mut run = Run::connect(out, stack).await?;
-    run.flash_sale(&args.sale_rates.0, step).await?;
+    let _ = run.flash_sale(&args.sale_rates.0, step).await?;
     run.reject_path(&args.reject_rates.0, step).await?;
     run.rate_limit_cost().await?;
     run.access_log_cost().await?;

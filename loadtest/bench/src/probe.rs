@@ -249,11 +249,51 @@ pub fn reserve_body(code: &str, i: u64, tag: &str) -> bytes::Bytes {
 
 /// Peak resident memory (VmHWM) of the process whose pid is in `run/NAME.pid`, in MiB.
 pub fn peak_rss_mib(pid_file: &str) -> Option<f64> {
+    status_mib(pid_file, "VmHWM:")
+}
+
+/// Resident memory now (VmRSS) of the process whose pid is in `pid_file`, in MiB.
+pub fn rss_mib(pid_file: &str) -> Option<f64> {
+    status_mib(pid_file, "VmRSS:")
+}
+
+/// What `/proc/PID/status` says of a process's memory (MiB) and threads.
+#[derive(Clone, Copy, Debug)]
+pub struct ProcStatus {
+    pub rss: f64,
+    /// Heap, stacks, buffers.
+    pub anon: f64,
+    /// Mapped from files: the binary and its libraries.
+    pub file: f64,
+    pub threads: u64,
+}
+
+/// [`ProcStatus`] of the process whose pid is in `pid_file`.
+pub fn proc_status(pid_file: &str) -> anyhow::Result<ProcStatus> {
+    let read =
+        |field| status_mib(pid_file, field).ok_or_else(|| anyhow::anyhow!("{field} of {pid_file}"));
+    let pid = std::fs::read_to_string(pid_file)?;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", pid.trim()))?;
+    let threads = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    Ok(ProcStatus {
+        rss: read("VmRSS:")?,
+        anon: read("RssAnon:")?,
+        file: read("RssFile:")?,
+        threads,
+    })
+}
+
+/// A field of `/proc/PID/status` given in kB, in MiB.
+fn status_mib(pid_file: &str, field: &str) -> Option<f64> {
     let pid = std::fs::read_to_string(pid_file).ok()?;
     let status = std::fs::read_to_string(format!("/proc/{}/status", pid.trim())).ok()?;
     let kib: f64 = status
         .lines()
-        .find(|l| l.starts_with("VmHWM:"))?
+        .find(|l| l.starts_with(field))?
         .split_whitespace()
         .nth(1)?
         .parse()

@@ -114,6 +114,28 @@ pub fn write_sale(run: &Run) -> anyhow::Result<()> {
     )
 }
 
+/// The MEMORY.md of `memory`: the edge's and a core's resident memory, part by part.
+pub fn write_memory(run: &Run) -> anyhow::Result<()> {
+    write_table(
+        run,
+        "MEMORY.md",
+        "What the edge's and a core's resident memory is made of",
+        "BENCH_ONLY=memory ./loadtest/bench.sh",
+        &run.report,
+    )
+}
+
+/// The SOAK.md of `soak`: memory from minute 2 to the end, every sale exact.
+pub fn write_soak(run: &Run) -> anyhow::Result<()> {
+    write_table(
+        run,
+        "SOAK.md",
+        "Soak: flash sales back to back, the memory of the edge and the cores",
+        "OUT=reports/soak BENCH_ONLY=soak ./loadtest/bench.sh",
+        &run.report,
+    )
+}
+
 /// A report of `run`'s table, with how it was run, and `more` below it.
 fn write_table(
     run: &Run,

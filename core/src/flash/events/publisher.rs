@@ -170,7 +170,11 @@ fn producer_config(settings: &KafkaSettings, linger: Duration) -> rdkafka::Clien
         // With the broker deciding the client waits for the ack, so this is short; with
         // PostgreSQL deciding nobody waits, and a longer linger means fewer produce
         // requests (`KafkaSettings::linger_for`).
-        .set("linger.ms", linger.as_millis().to_string());
+        .set("linger.ms", linger.as_millis().to_string())
+        .set(
+            "queue.buffering.max.kbytes",
+            settings.queue_max_kbytes.to_string(),
+        );
     config
 }
 

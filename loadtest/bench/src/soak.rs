@@ -1,0 +1,221 @@
+//! The soak: 1,000-use flash sales back to back through the edge for a long time (10
+//! minutes by default) at half the sale's sustained rate, the resident memory of the edge
+//! and of both cores sampled every few seconds; SOAK.md says whether it grew from minute 2
+//! to the end (the limit is 5%), with the curve beside it (`soak-rss.csv`, `soak-rss.png`).
+//!
+//! Memory that only a long run shows (a cache without a bound, a map keyed by voucher or
+//! connection that is never pruned, an allocator that keeps what it freed) grows here sale
+//! after sale; a benchmark's ladder is over before it shows.
+
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::invariants::remember_accepted;
+use crate::ladder::{reserve_plan, SALE_CONNECTIONS};
+use crate::load;
+use crate::probe;
+use crate::report::fmt_ms;
+use crate::run::Run;
+
+/// How often the resident memory is read.
+const SAMPLE_EVERY: Duration = Duration::from_secs(5);
+
+/// The processes whose memory is followed, by their pid files (`scripts/lib.sh`).
+const PROCESSES: [(&str, &str); 3] = [
+    ("edge", "run/edge.pid"),
+    ("core 1", "run/core.pid"),
+    ("core 2", "run/core2.pid"),
+];
+
+/// One reading of every process's resident memory (MiB; `None` if it could not be read).
+struct Reading {
+    at: Duration,
+    rss: [Option<f64>; 3],
+}
+
+/// One sale of the soak.
+struct Sale {
+    started: Duration,
+    issued: u64,
+    rows: i64,
+    offered: u64,
+    p99_accepted: Option<f64>,
+    p99_rejected: Option<f64>,
+    late: u64,
+    errors: u64,
+}
+
+/// What the soak was asked to do.
+pub struct SoakPlan {
+    pub duration: Duration,
+    /// Requests per second of every sale.
+    pub rate: u64,
+    /// Where the rate came from, for the report.
+    pub rate_source: String,
+    /// How long each sale's load lasts (it sells out early in it; the rest is rejects).
+    pub sale: Duration,
+}
+
+impl Run {
+    pub async fn soak(&mut self, plan: &SoakPlan) -> anyhow::Result<()> {
+        eprintln!(
+            "soak: sales of {} s at {}/s for {} s",
+            plan.sale.as_secs(),
+            plan.rate,
+            plan.duration.as_secs()
+        );
+        let readings = Arc::new(Mutex::new(Vec::new()));
+        let start = Instant::now();
+        let sampler = {
+            let readings = readings.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(SAMPLE_EVERY);
+                loop {
+                    tick.tick().await;
+                    let rss = PROCESSES.map(|(_, pid_file)| probe::rss_mib(pid_file));
+                    if let Ok(mut r) = readings.lock() {
+                        r.push(Reading {
+                            at: start.elapsed(),
+                            rss,
+                        });
+                    }
+                }
+            })
+        };
+        let mut sales = Vec::new();
+        let mut n = 0;
+        while start.elapsed() + plan.sale <= plan.duration {
+            n += 1;
+            let code = format!("K{}N{n}", self.run_id);
+            self.stack.create_voucher(&code, 1000, "flash").await?;
+            let started = start.elapsed();
+            let outcome = load::run(reserve_plan(
+                self.edge,
+                plan.rate,
+                plan.sale,
+                &code,
+                "k",
+                SALE_CONNECTIONS,
+            ))
+            .await?;
+            remember_accepted(&self.accepted, &code, "k", &outcome);
+            let issued = outcome.count(|s| s.status == 201);
+            let (rows, _) = self.stack.wait_recorded(&code, issued as i64).await?;
+            sales.push(Sale {
+                started,
+                issued,
+                rows,
+                offered: outcome.offered,
+                p99_accepted: outcome.percentile(99.0, |s| s.status == 201),
+                p99_rejected: outcome.percentile(99.0, |s| s.status == 409),
+                late: outcome.late,
+                errors: outcome.errors(),
+            });
+            eprintln!("  sale {n}: issued {issued}, rows {rows}");
+        }
+        // One last reading at the end, whatever the interval's phase.
+        tokio::time::sleep(SAMPLE_EVERY).await;
+        sampler.abort();
+        let readings = readings
+            .lock()
+            .map(|mut r| std::mem::take(&mut *r))
+            .unwrap_or_default();
+        self.report_soak(plan, &sales, &readings)
+    }
+
+    fn report_soak(
+        &mut self,
+        plan: &SoakPlan,
+        sales: &[Sale],
+        readings: &[Reading],
+    ) -> anyhow::Result<()> {
+        let mut csv = String::from("at_s,edge_mib,core1_mib,core2_mib\n");
+        for r in readings {
+            let v = r
+                .rss
+                .map(|m| m.map_or(String::new(), |m| format!("{m:.2}")));
+            let _ = writeln!(csv, "{:.1},{},{},{}", r.at.as_secs_f64(), v[0], v[1], v[2]);
+        }
+        std::fs::write(self.out.join("soak-rss.csv"), csv)?;
+
+        // "From minute 2": the first reading at or after a fifth of the run (minute 2 of
+        // ten), so a shorter soak is judged the same way.
+        let from = plan.duration / 5;
+        let first = readings.iter().find(|r| r.at >= from);
+        let last = readings.last();
+        let exact = sales
+            .iter()
+            .filter(|s| s.issued == 1000 && s.rows == 1000)
+            .count();
+        for (k, (name, _)) in PROCESSES.iter().enumerate() {
+            let (a, b) = (first.and_then(|r| r.rss[k]), last.and_then(|r| r.rss[k]));
+            let growth = a.zip(b).map(|(a, b)| (b - a) / a);
+            self.table.push(format!(
+                "| RSS of {name}, minute {:.0} to the end | {} → {} | growth < 5% | {} | {} |",
+                from.as_secs_f64() / 60.0,
+                a.map_or("?".into(), |v| format!("{v:.1} MiB")),
+                b.map_or("?".into(), |v| format!("{v:.1} MiB")),
+                growth.map_or("?".into(), |g| format!("{:+.1}%", g * 100.0)),
+                match growth {
+                    Some(g) if g < 0.05 => "holds",
+                    Some(_) => "grew",
+                    None => "not read",
+                }
+            ));
+        }
+        let worst = |f: fn(&Sale) -> Option<f64>| {
+            sales
+                .iter()
+                .filter_map(f)
+                .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))
+        };
+        self.table.push(format!(
+            "| Sales | {} of {} issued exactly 1,000 (rows 1,000) | every one | {} | {} requests; worst p99 of a sale: accepted {}, rejected {}; late starts {}, errors {} |",
+            exact,
+            sales.len(),
+            if exact == sales.len() { "holds" } else { "broken" },
+            sales.iter().map(|s| s.offered).sum::<u64>(),
+            fmt_ms(worst(|s| s.p99_accepted)),
+            fmt_ms(worst(|s| s.p99_rejected)),
+            sales.iter().map(|s| s.late).sum::<u64>(),
+            sales.iter().map(|s| s.errors).sum::<u64>(),
+        ));
+
+        let mut md = String::new();
+        let _ = writeln!(
+            md,
+            "\n## The curve\n\nResident memory (VmRSS, MiB) every 30 s; every reading is in `soak-rss.csv`, plotted in `soak-rss.png`.\n\n![resident memory over the soak](soak-rss.png)\n\n| at | edge | core 1 | core 2 | sale running |\n|---|---|---|---|---|"
+        );
+        let mut next = Duration::ZERO;
+        for r in readings {
+            if r.at < next {
+                continue;
+            }
+            next = r.at + Duration::from_secs(30);
+            let v = r.rss.map(|m| m.map_or("?".into(), |m| format!("{m:.1}")));
+            let sale = sales
+                .iter()
+                .rposition(|s| s.started <= r.at)
+                .map_or("-".into(), |i| format!("{}", i + 1));
+            let _ = writeln!(
+                md,
+                "| {:.0} s | {} | {} | {} | {sale} |",
+                r.at.as_secs_f64(),
+                v[0],
+                v[1],
+                v[2]
+            );
+        }
+        self.report = format!(
+            "\n## The soak\n\n- {} s of sales of {} s each at {}/s ({}), {} connections, a new 1,000-use flash voucher per sale, one after another\n{}{md}",
+            plan.duration.as_secs(),
+            plan.sale.as_secs(),
+            plan.rate,
+            plan.rate_source,
+            SALE_CONNECTIONS,
+            std::mem::take(&mut self.report)
+        );
+        Ok(())
+    }
+}
