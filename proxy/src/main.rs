@@ -3,7 +3,8 @@ use std::io::IsTerminal;
 use tracing_appender::non_blocking::NonBlockingBuilder;
 use voucher_edge::config::EdgeSettings;
 
-/// mimalloc, as the core: glibc's malloc was the core's largest cost when profiled.
+/// mimalloc, as the core: glibc's malloc was the core's largest cost when profiled. Without
+/// transparent huge pages, as the core (12 MiB resident at rest instead of 26).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
