@@ -49,16 +49,7 @@ for i in $(seq 1 50); do
 done
 
 rss() { awk '/^VmRSS/ { print $2 / 1024 }' "/proc/$edge_pid/status"; }
-cat >"$WORK/reserve.lua" <<LUA
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-counter = 0
-request = function()
-  counter = counter + 1
-  return wrk.format(nil, "/vouchers/$code/reservations", nil,
-    '{"customerId":"w' .. counter .. '","orderId":"$code-w' .. counter .. '","orderAmount":250000}')
-end
-LUA
+wrk_reserve_script "$code" "$WORK/reserve.lua"
 # p50 p99 and requests/s of the reject path, closed loop.
 reject() {
   wrk -t1 -c32 -d10s --latency -s "$WORK/reserve.lua" "http://127.0.0.1:$PORT" >"$WORK/wrk-$1.log"

@@ -5,8 +5,8 @@
 # for 5 s (wrk -t1 -c64), then stopped; three rounds. Prints requests/s and peak RSS.
 #   loadtest/edge-ab.sh "BINARY_A:ENV=VALUE" "BINARY_B:ENV=VALUE" ...
 # e.g. loadtest/edge-ab.sh "/tmp/edge-old:EDGE__READ_BUFFER_BYTES=65536" "$HOME/.cache/voucher-gate/target/release/voucher-edge:EDGE__READ_BUFFER_BYTES=4096"
-set -euo pipefail
-cd "$(dirname "$0")/.."
+. "$(dirname "$0")/../scripts/lib.sh"
+cd "$ROOT"
 ROUNDS=${ROUNDS:-3}
 CODE=AB$(date +%H%M%S)
 TOKEN=${ADMIN_TOKEN:-dev-admin-token}
@@ -17,15 +17,7 @@ curl -sf -o /dev/null -X POST localhost:8081/vouchers/$CODE/reservations -H 'con
   -d "{\"customerId\":\"a\",\"orderId\":\"$CODE-a\",\"orderAmount\":250000}"
 SCRIPT=$(mktemp --suffix=.lua)
 trap 'rm -f "$SCRIPT"' EXIT
-cat >"$SCRIPT" <<LUA
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-counter = 0
-request = function()
-  counter = counter + 1
-  return wrk.format(nil, "/vouchers/$CODE/reservations", nil, '{"customerId":"w' .. counter .. '","orderId":"$CODE-w' .. counter .. '","orderAmount":250000}')
-end
-LUA
+wrk_reserve_script "$CODE" "$SCRIPT"
 start_edge() { # BINARY [ENV=VALUE...]
   local bin=$1; shift
   env EDGE_CONFIG=config/edge.yaml EDGE__LISTEN=127.0.0.1:18080 EDGE__METRICS_LISTEN=127.0.0.1:19180 "$@" "$bin" >/dev/null 2>&1 &

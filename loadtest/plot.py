@@ -21,6 +21,16 @@ def percentile(values, p):
     return values[min(len(values) - 1, round(p / 100 * (len(values) - 1)))]
 
 
+def finish(fig, ax, path: Path, title: str, xlabel: str, ylabel: str) -> None:
+    """Labels, legend and the file of one plot."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main(out: Path) -> None:
     rows = list(csv.DictReader(open(out / "flash-sale-samples.csv")))
     bucket_ms = 100.0
@@ -43,23 +53,15 @@ def main(out: Path) -> None:
                 ax.plot([t for t, _ in pts], [v for _, v in pts], style, color=color, label=f"{kind} p{p}")
     ax.axhline(100, color="red", linewidth=0.8, label="p99 target 100 ms")
     ax.set_yscale("log")
-    ax.set_xlabel("time into the sale (s)")
-    ax.set_ylabel("latency (ms, from scheduled send)")
-    ax.set_title("Flash sale through the edge: latency per 100 ms")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "flash-sale-latency.png", dpi=110)
+    finish(fig, ax, out / "flash-sale-latency.png", "Flash sale through the edge: latency per 100 ms",
+           "time into the sale (s)", "latency (ms, from scheduled send)")
 
     fig, ax = plt.subplots(figsize=(9, 4))
     issued.sort()
     ax.step(issued, range(1, len(issued) + 1), where="post", color="tab:green")
     ax.axhline(1000, color="red", linewidth=0.8, label="limit 1,000")
-    ax.set_xlabel("time into the sale (s)")
-    ax.set_ylabel("uses issued (201s)")
-    ax.set_title("Flash sale: uses issued over time")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "flash-sale-issued.png", dpi=110)
+    finish(fig, ax, out / "flash-sale-issued.png", "Flash sale: uses issued over time",
+           "time into the sale (s)", "uses issued (201s)")
 
 
 def soak(out: Path) -> None:
@@ -73,12 +75,8 @@ def soak(out: Path) -> None:
     end = max((float(r["at_s"]) for r in rows), default=0) / 60
     ax.axvline(end / 5, color="grey", linewidth=0.8, linestyle="--", label="a fifth in (minute 2 of 10)")
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("minutes into the soak")
-    ax.set_ylabel("resident memory (VmRSS, MiB)")
-    ax.set_title("Soak: flash sales back to back")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "soak-rss.png", dpi=110)
+    finish(fig, ax, out / "soak-rss.png", "Soak: flash sales back to back",
+           "minutes into the soak", "resident memory (VmRSS, MiB)")
 
 
 if __name__ == "__main__":

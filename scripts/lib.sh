@@ -21,6 +21,22 @@ wait_for_port() {
   return 1
 }
 
+# wrk_reserve_script CODE FILE: a wrk script posting a new reservation of voucher CODE per
+# request (its own customer and orderId each), for the reject path's closed-loop runs.
+wrk_reserve_script() {
+  local code=$1 file=$2
+  cat >"$file" <<LUA
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+counter = 0
+request = function()
+  counter = counter + 1
+  return wrk.format(nil, "/vouchers/$code/reservations", nil,
+    '{"customerId":"w' .. counter .. '","orderId":"$code-w' .. counter .. '","orderAmount":250000}')
+end
+LUA
+}
+
 # PostgreSQL is started by the machine before each session; restart it if it stopped.
 ensure_postgres() {
   if pg_isready -q -h 127.0.0.1 -p 5432; then return 0; fi
