@@ -29,6 +29,7 @@
 pub mod events;
 pub mod gate;
 mod give_back;
+mod lookups;
 pub mod rebuild;
 pub mod reconcile;
 pub mod recorder;
@@ -165,6 +166,8 @@ enum Decider {
 struct Inner {
     gate: Gate,
     decider: Decider,
+    /// PostgreSQL's rows of the orders the gate refuses or recognises, looked up in groups.
+    lookups: lookups::OrderLookups,
     progress: Progress,
     /// What the consumer monitor last saw; readiness reports it.
     consumer_health: Arc<ConsumerHealth>,
@@ -200,6 +203,7 @@ impl FlashPath {
             inner: Arc::new(Inner {
                 gate,
                 decider,
+                lookups: lookups::OrderLookups::start(store.clone(), &metrics),
                 progress: Progress::new(kafka, store.clone())?,
                 consumer_health: Arc::default(),
                 store,

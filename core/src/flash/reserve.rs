@@ -55,11 +55,7 @@ impl FlashPath {
                 GateDecision::Refused(
                     refusal @ (Refusal::OutOfStock | Refusal::AlreadyUsed | Refusal::Expired),
                 ) => {
-                    let row = self
-                        .inner
-                        .store
-                        .reservation_by_order(&request.order_id)
-                        .await?;
+                    let row = self.inner.lookups.find(&request.order_id).await?;
                     return match row {
                         Some(row) => self.answer_from_row(row, request, None).await,
                         None => Err(refusal.into()),
@@ -74,11 +70,7 @@ impl FlashPath {
                     return self.publish_new(voucher, request, record, generation).await
                 }
                 GateDecision::Exists(record, generation) => {
-                    let row = self
-                        .inner
-                        .store
-                        .reservation_by_order(&request.order_id)
-                        .await?;
+                    let row = self.inner.lookups.find(&request.order_id).await?;
                     if let Some(row) = row {
                         return self.answer_from_row(row, request, Some(record.state)).await;
                     }

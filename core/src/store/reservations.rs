@@ -59,15 +59,27 @@ impl ReserveOutcome {
 }
 
 impl Store {
-    /// The reservation by its orderId, whatever voucher it belongs to.
-    pub async fn reservation_by_order(&self, order_id: &OrderId) -> Result<Option<Reservation>> {
-        let row: Option<RedemptionRow> = sqlx::query_as(&format!(
-            "SELECT {REDEMPTION_COLUMNS} FROM redemptions WHERE order_id = $1"
+    /// The rows of `order_ids`, whatever voucher each belongs to, by orderId (those without
+    /// a row are absent): one statement
+    /// for a group of lookups. Each orderId is looked up by the unique index on its own
+    /// (a lateral join), so the plan does not rest on the table's statistics: with them
+    /// missing, `= ANY` over many orderIds was planned as a scan of the whole table (see
+    /// `batch::by_index`).
+    pub async fn reservations_by_orders(
+        &self,
+        order_ids: &[&str],
+    ) -> Result<std::collections::HashMap<String, Reservation>> {
+        let rows: Vec<RedemptionRow> = sqlx::query_as(&format!(
+            "SELECT r.* FROM unnest($1::text[]) AS wanted(order_id),
+             LATERAL (SELECT {REDEMPTION_COLUMNS} FROM redemptions
+                      WHERE redemptions.order_id = wanted.order_id) AS r"
         ))
-        .bind(order_id.as_str())
-        .fetch_optional(self.pool())
+        .bind(order_ids)
+        .fetch_all(self.pool())
         .await?;
-        row.map(Reservation::try_from).transpose()
+        rows.into_iter()
+            .map(|row| Reservation::try_from(row).map(|r| (r.order_id.as_str().to_owned(), r)))
+            .collect()
     }
 
     /// Confirms a reservation. Idempotent: confirming a confirmed one answers the same.

@@ -451,3 +451,46 @@ async fn a_restored_gate_that_a_load_adopts_is_brought_in_step() {
     accepted.extend(last.accepted());
     env.finish(&accepted).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn refusals_and_retries_looked_up_together_each_get_their_own_row() {
+    let env = FlashStack::builder()
+        .start_with(|s| s.flash.decision = Decision::Database)
+        .await;
+    let app = env.app();
+    app.given_voucher(flash_voucher("LOOK", 20, 1)).await;
+    let mut accepted = Vec::new();
+    for i in 0..20 {
+        let sold = app
+            .attempt("LOOK", &format!("c{i}"), &format!("look-{i}"), 100_000)
+            .await;
+        assert_eq!(sold.status, StatusCode::CREATED, "{:?}", sold.body);
+        accepted.push(sold.accepted());
+    }
+    // Sold out. Twenty retries and twenty new orders at once: each is checked against
+    // PostgreSQL, the lookups grouped into shared statements. Each retry gets its own row,
+    // each new order the refusal.
+    let (env_ref, app_ref) = (&env, &app);
+    let retries = (0..20).map(|i| async move {
+        let body = replay(env_ref, "LOOK", &format!("c{i}"), &format!("look-{i}")).await;
+        (i, body)
+    });
+    let newcomers = (0..20).map(|i| async move {
+        let app = app_ref;
+        let answer = app
+            .reserve("LOOK", &format!("n{i}"), &format!("new-{i}"), 100_000)
+            .await;
+        assert_error(answer, StatusCode::CONFLICT, "OUT_OF_STOCK").await;
+    });
+    let (replayed, _) = tokio::join!(
+        futures::future::join_all(retries),
+        futures::future::join_all(newcomers)
+    );
+    for (i, body) in replayed {
+        assert_eq!(body["orderId"], format!("look-{i}"), "{body}");
+        assert_eq!(body["customerId"], format!("c{i}"), "{body}");
+        assert_eq!(body["status"], "RESERVED", "{body}");
+    }
+    assert_eq!(env.rows("LOOK").await, 20);
+    env.finish(&accepted).await;
+}

@@ -10,15 +10,18 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use crate::cpu::CpuSpent;
 use crate::ladder::{best_rate, climb, reserve_plan, Step, FAST_CONNECTIONS};
 use crate::load;
 use crate::report::write_steps;
 use crate::run::Run;
 use crate::wrk::wrk_rate;
 
-/// One server's reject path: its ladder and its wrk rate.
+/// One server's reject path: its ladder, the CPU each step cost by process, its wrk rate.
 struct Measured {
     steps: Vec<Step>,
+    /// Per step: the CPU of every process of the stack per answer (`CpuSpent::cells`).
+    cpu: Vec<Vec<String>>,
     wrk: Option<f64>,
 }
 
@@ -116,6 +119,11 @@ impl Run {
         stack.create_voucher(&code, 1, "flash").await?;
         stack.flag_sold_out(&code).await?;
         let ours = measure(edge, rates, step, &code).await?;
+        // The same sold-out voucher straight at a core: the path of the requests sent on
+        // before the edge's flag is in (the gate's refusal, and the core's lookup of the
+        // orderId in PostgreSQL, whose row would be a retry's answer).
+        eprintln!("a core's reject path");
+        let at_core = measure(self.core, rates, step, &code).await?;
         let bare_addr: SocketAddr = "127.0.0.1:18409".parse()?;
         let pingora_addr: SocketAddr = "127.0.0.1:18410".parse()?;
         let nginx_addr: SocketAddr = "127.0.0.1:18411".parse()?;
@@ -199,11 +207,32 @@ impl Run {
                 },
             ));
         }
+        rows.push(format!(
+            "| A core's reject path (the gate's OUT_OF_STOCK 409), straight at core 1 (ours) | {:.0}/s | edge {:.0}/s | {:.2} | what each request sent on after a sell-out costs; CPU per answer below |",
+            at_core.ladder(),
+            ours.ladder(),
+            ratio(at_core.ladder(), ours.ladder())
+        ));
         self.table.extend(rows);
         write_steps(
             &mut self.report,
             "Edge reject path ladder (ours)",
             &ours.steps,
+        );
+        write_cpu(
+            &mut self.report,
+            "CPU per rejected answer by process: the edge's own 409s",
+            &ours,
+        );
+        write_steps(
+            &mut self.report,
+            "A core's reject path ladder, straight at core 1 (ours)",
+            &at_core.steps,
+        );
+        write_cpu(
+            &mut self.report,
+            "CPU per rejected answer by process: a core's 409s",
+            &at_core,
         );
         for (name, m) in &baselines {
             write_steps(
@@ -213,6 +242,23 @@ impl Run {
             );
         }
         Ok(())
+    }
+}
+
+/// The CPU table of a ladder: every process's CPU per answer, step by step (user plus
+/// system time from `/proc`, before and after the step; the bare server and the minimal
+/// Pingora run as processes of this generator, so only ours are tabled).
+fn write_cpu(report: &mut String, title: &str, m: &Measured) {
+    use std::fmt::Write as _;
+    let header = CpuSpent::header();
+    let columns = header.matches('|').count() + 3;
+    let _ = writeln!(
+        report,
+        "\n## {title}\n\n| offered/s | answered/s | {header} |\n|{}",
+        "---|".repeat(columns)
+    );
+    for cells in &m.cpu {
+        let _ = writeln!(report, "| {} |", cells.join(" | "));
     }
 }
 
@@ -238,9 +284,11 @@ async fn measure(
         ))
         .await?;
     }
+    let cpu = std::sync::Mutex::new(Vec::new());
     let steps = climb(rates, |rate| {
-        let code = code.to_owned();
+        let (code, cpu) = (code.to_owned(), &cpu);
         async move {
+            let before = crate::cpu::sample();
             let outcome = load::run(reserve_plan(
                 target,
                 rate,
@@ -250,6 +298,12 @@ async fn measure(
                 FAST_CONNECTIONS,
             ))
             .await?;
+            let spent = CpuSpent::between(&before, &crate::cpu::sample());
+            if let Ok(mut cpu) = cpu.lock() {
+                let mut cells = vec![rate.to_string(), format!("{:.0}", outcome.achieved_rate())];
+                cells.extend(spent.cells(outcome.completed(), 2.0));
+                cpu.push(cells);
+            }
             let note = format!("{} answered 409", outcome.count(|s| s.status == 409));
             Ok(Step {
                 rate,
@@ -260,5 +314,6 @@ async fn measure(
     })
     .await?;
     let wrk = wrk_rate(target, code).await;
-    Ok(Measured { steps, wrk })
+    let cpu = cpu.into_inner().unwrap_or_default();
+    Ok(Measured { steps, cpu, wrk })
 }
