@@ -1,5 +1,5 @@
-//! The queue both grouped writers take their batches from (flash mode's recorder, standard
-//! mode's grouper): each of their workers takes whatever has queued, waits up to a linger
+//! The queue the grouped statements take their batches from (flash mode's recorder and
+//! order lookups, standard mode's grouper): each of their workers takes whatever has queued, waits up to a linger
 //! for more, up to a most per batch. Under load the queue fills while the previous batch's
 //! statement runs, so batches grow with the load; the linger bounds what a lone request
 //! waits for company. What waits is counted (`voucher_group_queued`), and so is the size of
@@ -67,7 +67,7 @@ impl<T> Clone for Batches<T> {
 
 /// A queue for `workers` workers taking up to `batch_max` jobs at a time, counted in
 /// `metrics` under `mode`. Its bound (four batches per worker) makes senders wait instead
-/// of queueing without end; the admission limit in front of it keeps that wait short.
+/// of queueing without end; the admission limit in front of it bounds how many wait.
 pub fn queue<T>(
     workers: usize,
     batch_max: usize,

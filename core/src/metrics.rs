@@ -42,12 +42,13 @@ pub struct Metrics {
     /// Time until PostgreSQL's answer on a flash reservation (`flash.decision = "database"`).
     pub record_duration: Histogram,
     /// Reservations per grouped statement, by mode (standard: the grouper; flash: the
-    /// recorder, PostgreSQL deciding).
+    /// recorder, PostgreSQL deciding; lookup: orders looked up together for the gate's
+    /// refusals and retries).
     pub group_size: HistogramVec,
     /// Transactions the grouped writers spent, by mode: one per group, more when a group
     /// was decided again or, as a last resort, one by one.
     pub group_transactions: IntCounterVec,
-    /// Reservations queued for a group, not yet taken into one, by mode.
+    /// Reservations (or lookups) queued for a group, not yet taken into one, by mode.
     pub group_queued: IntGaugeVec,
     /// Events per consumer batch.
     pub consumer_batch_size: Histogram,
@@ -167,7 +168,7 @@ impl Metrics {
             group_size: histogram_vec(
                 &r,
                 "voucher_group_size",
-                "Reservations per grouped statement, by mode",
+                "Reservations (or lookups) per grouped statement, by mode",
                 &["mode"],
                 vec![1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0],
             ),
@@ -180,7 +181,7 @@ impl Metrics {
             group_queued: gauge_vec(
                 &r,
                 "voucher_group_queued",
-                "Reservations queued for a group, not yet taken into one, by mode",
+                "Reservations (or lookups) queued for a group, not yet taken into one, by mode",
                 &["mode"],
             ),
             consumer_batch_size: register(

@@ -7,7 +7,9 @@
 //! 75 µs per 409 (`BENCH_ONLY=reject ./loadtest/bench.sh`, a core's reject path). Lookups
 //! queue (`crate::batching`) and one task takes what has queued and looks it all up with
 //! one statement (`Store::reservations_by_orders`): under load the queue fills while the
-//! previous statement runs, and a lone lookup does not wait (no linger).
+//! previous statement runs, and a lone lookup does not wait (no linger). A statement that
+//! does not answer within `DEADLINE` makes its lookups 503s (their retries are new
+//! lookups), so one stalled connection cannot hold every refusal of the core.
 
 use std::sync::Arc;
 
@@ -21,6 +23,10 @@ use crate::{Error, Result};
 
 /// Lookups taken into one statement, at most.
 const BATCH_MAX: usize = 200;
+
+/// The longest a group's statement may take; the pool's own acquire timeout bounds the
+/// wait for its connection before it.
+const DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
 
 struct Job {
     order_id: OrderId,
@@ -58,22 +64,34 @@ impl OrderLookups {
 async fn run(store: Store, batches: Batches<Job>) {
     while let Some(batch) = batches.next().await {
         let ids: Vec<&str> = batch.iter().map(|job| job.order_id.as_str()).collect();
-        match store.reservations_by_orders(&ids).await {
-            Ok(mut rows) => {
+        match store.reservations_by_orders(&ids, DEADLINE).await {
+            Ok(rows) => {
                 for job in batch {
-                    // One orderId twice in a batch (a concurrent retry) gets the row twice.
-                    let row = rows.get(job.order_id.as_str()).cloned();
-                    let _ = job.answer.send(Ok(row));
+                    // One orderId twice in a batch (a concurrent retry) gets its row twice.
+                    let row = match rows.get(job.order_id.as_str()) {
+                        None => Ok(None),
+                        Some(Ok(row)) => Ok(Some(row.clone())),
+                        Some(Err(e)) => Err(Error::corrupt(format!(
+                            "row of {}: {e}",
+                            job.order_id.as_str()
+                        ))),
+                    };
+                    let _ = job.answer.send(row);
                 }
-                rows.clear();
             }
             Err(e) => {
+                // Each waiter gets the same kind of error: a database that did not answer
+                // is a 503, anything else stays an internal error.
+                let unavailable = matches!(e, Error::Unavailable { .. });
                 let shared = Arc::new(e);
                 for job in batch {
                     let cause = shared.clone();
-                    let _ = job
-                        .answer
-                        .send(Err(Error::unavailable_because("database", cause)));
+                    let error = if unavailable {
+                        Error::unavailable_because("database", cause)
+                    } else {
+                        Error::internal(cause)
+                    };
+                    let _ = job.answer.send(Err(error));
                 }
             }
         }

@@ -60,26 +60,45 @@ impl ReserveOutcome {
 
 impl Store {
     /// The rows of `order_ids`, whatever voucher each belongs to, by orderId (those without
-    /// a row are absent): one statement
-    /// for a group of lookups. Each orderId is looked up by the unique index on its own
-    /// (a lateral join), so the plan does not rest on the table's statistics: with them
-    /// missing, `= ANY` over many orderIds was planned as a scan of the whole table (see
-    /// `batch::by_index`).
+    /// a row are absent; a row that does not parse back is an error of its own order
+    /// only): one statement for a group of lookups, on a connection of the pool, within
+    /// `deadline`. Past it the connection is closed, not handed back (it may be mid-
+    /// statement on a peer that vanished), and the lookups are unavailable: a stalled
+    /// PostgreSQL costs the waiting requests a 503 after `deadline`, never TCP's timeout.
+    /// The lookup runs where the planner is told to use indexes (`batch::by_index`):
+    /// with the table's statistics missing, a group of orderIds was planned as a scan of
+    /// the whole table.
     pub async fn reservations_by_orders(
         &self,
         order_ids: &[&str],
-    ) -> Result<std::collections::HashMap<String, Reservation>> {
-        let rows: Vec<RedemptionRow> = sqlx::query_as(&format!(
-            "SELECT r.* FROM unnest($1::text[]) AS wanted(order_id),
-             LATERAL (SELECT {REDEMPTION_COLUMNS} FROM redemptions
-                      WHERE redemptions.order_id = wanted.order_id) AS r"
-        ))
-        .bind(order_ids)
-        .fetch_all(self.pool())
-        .await?;
-        rows.into_iter()
-            .map(|row| Reservation::try_from(row).map(|r| (r.order_id.as_str().to_owned(), r)))
-            .collect()
+        deadline: std::time::Duration,
+    ) -> Result<std::collections::HashMap<String, Result<Reservation>>> {
+        let mut conn = self.pool().acquire().await?;
+        let lookup = async {
+            let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+            super::batch::by_index(&mut tx).await?;
+            let rows: Vec<RedemptionRow> = sqlx::query_as(&format!(
+                "SELECT r.* FROM unnest($1::text[]) AS wanted(order_id),
+                 LATERAL (SELECT {REDEMPTION_COLUMNS} FROM redemptions
+                          WHERE redemptions.order_id = wanted.order_id) AS r"
+            ))
+            .bind(order_ids)
+            .fetch_all(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(rows)
+        };
+        let rows = match tokio::time::timeout(deadline, lookup).await {
+            Ok(rows) => rows?,
+            Err(_) => {
+                let _ = tokio::time::timeout(deadline, conn.close()).await;
+                return Err(Error::unavailable("database (lookup past its deadline)"));
+            }
+        };
+        Ok(rows
+            .into_iter()
+            .map(|row| (row.order_id.clone(), Reservation::try_from(row)))
+            .collect())
     }
 
     /// Confirms a reservation. Idempotent: confirming a confirmed one answers the same.
