@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::load::{Outcome, Plan};
+use crate::load::{Outcome, Plan, RequestFn};
 use crate::probe::reserve_body;
 use crate::report::fmt_ms;
 
@@ -57,20 +57,25 @@ pub fn reserve_plan(
     tag: &'static str,
     connections: usize,
 ) -> Plan {
-    let code = code.to_owned();
     Plan {
         target,
         rate,
         duration,
         connections,
-        request: Arc::new(move |i| {
-            (
-                hyper::Method::POST,
-                format!("/vouchers/{code}/reservations"),
-                Some(reserve_body(&code, i, tag)),
-            )
-        }),
+        request: reserve_request(code, tag),
     }
+}
+
+/// Request `i`: a new reservation of `code` by customer `TAG-cI`, orderId `CODE-TAGI`.
+pub fn reserve_request(code: &str, tag: &'static str) -> RequestFn {
+    let code = code.to_owned();
+    Arc::new(move |i| {
+        (
+            hyper::Method::POST,
+            format!("/vouchers/{code}/reservations"),
+            Some(reserve_body(&code, i, tag)),
+        )
+    })
 }
 
 /// Climbs a ladder of rates until a step is not sustained; returns every step run.

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::ladder::{reserve_plan, SALE_CONNECTIONS};
+use crate::ladder::{reserve_plan, reserve_request, SALE_CONNECTIONS};
 use crate::load;
 use crate::probe::{self, ProcStatus};
 use crate::run::Run;
@@ -51,12 +51,7 @@ impl Run {
         ] {
             tokio::time::sleep(Duration::from_secs(2)).await;
             let rest = probe::proc_status(pid)?;
-            let held = load::hold(
-                target,
-                SALE_CONNECTIONS,
-                reserve_plan(target, 1, step, &code, "h", 1).request,
-            )
-            .await?;
+            let held = load::hold(target, SALE_CONNECTIONS, reserve_request(&code, "h")).await?;
             tokio::time::sleep(Duration::from_secs(1)).await;
             let holding = probe::proc_status(pid)?;
             drop(held);
