@@ -394,8 +394,8 @@ async fn sigterm_turns_readyz_to_503_keeps_serving_through_the_drain_then_exits(
     db.drop_db().await;
 }
 
-/// A core run as a container would (environment only, `VOUCHER__LOG__FORMAT=json`) writes
-/// one JSON access line per request, in the span of the request's id: the id it was sent
+/// A core run as a container would (environment only, `VOUCHER__LOG__FORMAT=json`, its
+/// access log turned on) writes one JSON access line per request, in the span of the request's id: the id it was sent
 /// (the edge's) when valid, else one of its own; the answer echoes it.
 #[tokio::test]
 async fn each_request_is_one_json_access_line_with_the_request_id_it_echoes() {
@@ -408,7 +408,7 @@ async fn each_request_is_one_json_access_line_with_the_request_id_it_echoes() {
     let core = CoreProcess::start(
         std::path::Path::new(env!("CARGO_BIN_EXE_voucher-core")),
         &settings,
-        &[("VOUCHER__LOG__FORMAT", "json")],
+        &[("VOUCHER__LOG__FORMAT", "json"), ("VOUCHER__LOG__ACCESS", "true")],
     )
     .await;
     let get = |id: Option<&'static str>| {
