@@ -37,6 +37,29 @@ end
 LUA
 }
 
+# sold_out_voucher CODE: a flash voucher of one use, created at core 1 and sold out there,
+# for the reject path's runs (edge-ab.sh, perf-edge.sh).
+sold_out_voucher() {
+  local code=$1 token=${ADMIN_TOKEN:-dev-admin-token} start end
+  start=$(date -u -d '-1 min' +%FT%TZ); end=$(date -u -d '+1 day' +%FT%TZ)
+  curl -sf -o /dev/null -X POST localhost:8081/vouchers -H "authorization: Bearer $token" -H 'content-type: application/json' \
+    -d "{\"code\":\"$code\",\"discountAmount\":100000,\"minOrderAmount\":0,\"totalLimit\":1,\"perUserLimit\":1,\"startsAt\":\"$start\",\"endsAt\":\"$end\",\"mode\":\"flash\"}"
+  curl -sf -o /dev/null -X POST localhost:8081/vouchers/"$code"/reservations -H 'content-type: application/json' \
+    -d "{\"customerId\":\"a\",\"orderId\":\"$code-a\",\"orderAmount\":250000}"
+}
+
+# until_served_by_edge PORT CODE: sends new reservations of CODE to the edge on PORT until
+# the edge answers one itself (its sold-out flag is set), at most 5 s.
+until_served_by_edge() {
+  local port=$1 code=$2 i
+  for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null && break; sleep 0.2; done
+  for i in $(seq 100); do
+    if curl -s -D - -o /dev/null -X POST localhost:"$port"/vouchers/"$code"/reservations -H 'content-type: application/json' \
+      -d "{\"customerId\":\"f$i\",\"orderId\":\"$code-f$i\",\"orderAmount\":250000}" | grep -qi x-served-by; then return 0; fi
+    sleep 0.05
+  done
+}
+
 # PostgreSQL is started by the machine before each session; restart it if it stopped.
 ensure_postgres() {
   if pg_isready -q -h 127.0.0.1 -p 5432; then return 0; fi

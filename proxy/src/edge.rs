@@ -125,10 +125,12 @@ impl Edge {
 pub(crate) async fn write_json(
     session: &mut Session,
     status: u16,
-    body: &serde_json::Value,
-    extra: &[(&'static str, String)],
+    body: &impl serde::Serialize,
+    extra: &[(&'static str, &str)],
 ) -> Result<()> {
-    let body = Bytes::from(body.to_string());
+    let body = serde_json::to_vec(body)
+        .map(Bytes::from)
+        .map_err(|e| Error::because(ErrorType::InternalError, "the edge's answer", e))?;
     let mut header = ResponseHeader::build(status, Some(5 + extra.len()))?;
     header.insert_header("content-type", "application/json")?;
     header.insert_header("content-length", body.len().to_string())?;
@@ -139,7 +141,7 @@ pub(crate) async fn write_json(
         header.insert_header(headers::REQUEST_ID, id)?;
     }
     for (name, value) in extra {
-        header.insert_header(*name, value.as_str())?;
+        header.insert_header(*name, *value)?;
     }
     session.set_keepalive(Some(60));
     session
@@ -348,19 +350,15 @@ impl ProxyHttp for Edge {
         if let Some(permit) = ctx.admitted.take() {
             permit.complete();
         }
-        let labels = [ctx.route.label(), ctx.outcome];
         let elapsed = ctx.started.elapsed();
-        self.metrics.requests.with_label_values(&labels).inc();
-        self.metrics
-            .duration
-            .with_label_values(&labels)
-            .observe(elapsed.as_secs_f64());
         // Status 0: nothing was answered (the client went away first).
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
-        self.metrics
-            .responses
-            .with_label_values(&[ctx.route.label(), status_class(status)])
-            .inc();
+        self.metrics.answered(
+            ctx.route.label(),
+            ctx.outcome,
+            status_class(status),
+            elapsed,
+        );
         if self.settings.access_log.logs(ctx.outcome) {
             let header = session.req_header();
             tracing::info!(

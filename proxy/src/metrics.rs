@@ -1,10 +1,12 @@
 //! The edge's Prometheus metrics. The server registers them in the process's default
 //! registry, which pingora's own Prometheus service serves on `metrics_listen`.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use prometheus::{
-    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry,
 };
 
 /// Up to 30 s: beyond every timeout of the edge (`upstream_read_timeout` 10 s by default),
@@ -34,6 +36,41 @@ pub struct EdgeMetrics {
     pub order_fetches: IntCounterVec,
     /// Requests refused for a client over its rate, by what was counted (ip, customer).
     pub rate_limited: IntCounterVec,
+    /// Handles of the series every answer counts in (see [`EdgeMetrics::answered`]).
+    answers: AnswerSeries,
+}
+
+/// Route labels (`voucher_contract::routes::Route::label`) whose series have a handle slot.
+const ROUTES: [&str; 6] = ["reserve", "confirm", "release", "get_voucher", "admin", "other"];
+/// The edge's outcomes (`forwarded`, `upstream_error`, and `OwnAnswer::outcome`).
+const OUTCOMES: [&str; 9] = [
+    "forwarded",
+    "upstream_error",
+    "health",
+    "rate_limited",
+    "headers_too_large",
+    "admin_refused",
+    "too_large",
+    "sold_out",
+    "overloaded",
+];
+/// Status classes of `edge_responses_total`.
+const CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "none"];
+
+/// The series of each answer, looked up in their vectors once and kept: on the reject
+/// path every answer counted in three series, and each `with_label_values` hashed its
+/// labels, took its vector's lock and cloned the series (1.6% of the edge's samples
+/// there, `reports/perf/EDGE.md`). A slot is filled by the first answer that needs it, so
+/// only series in use are exported, as before; a label outside the lists above falls
+/// back to the vector.
+#[derive(Default)]
+struct AnswerSeries {
+    by_outcome: [[OnceLock<(IntCounter, Histogram)>; OUTCOMES.len()]; ROUTES.len()],
+    by_class: [[OnceLock<IntCounter>; CLASSES.len()]; ROUTES.len()],
+}
+
+fn slot(list: &[&str], label: &str) -> Option<usize> {
+    list.iter().position(|l| *l == label)
 }
 
 impl EdgeMetrics {
@@ -141,6 +178,44 @@ impl EdgeMetrics {
             flags,
             order_fetches,
             rate_limited,
+            answers: AnswerSeries::default(),
         }))
+    }
+
+    /// Counts one answer: `edge_requests_total` and `edge_request_duration_seconds` by
+    /// route and outcome, `edge_responses_total` by route and status class.
+    pub fn answered(
+        &self,
+        route: &'static str,
+        outcome: &'static str,
+        class: &'static str,
+        elapsed: Duration,
+    ) {
+        let seconds = elapsed.as_secs_f64();
+        let r = slot(&ROUTES, route);
+        match r.zip(slot(&OUTCOMES, outcome)) {
+            Some((r, o)) => {
+                let (requests, duration) = self.answers.by_outcome[r][o].get_or_init(|| {
+                    (
+                        self.requests.with_label_values(&[route, outcome]),
+                        self.duration.with_label_values(&[route, outcome]),
+                    )
+                });
+                requests.inc();
+                duration.observe(seconds);
+            }
+            None => {
+                self.requests.with_label_values(&[route, outcome]).inc();
+                self.duration
+                    .with_label_values(&[route, outcome])
+                    .observe(seconds);
+            }
+        }
+        match r.zip(slot(&CLASSES, class)) {
+            Some((r, c)) => self.answers.by_class[r][c]
+                .get_or_init(|| self.responses.with_label_values(&[route, class]))
+                .inc(),
+            None => self.responses.with_label_values(&[route, class]).inc(),
+        }
     }
 }

@@ -233,12 +233,27 @@ impl Edge {
         code: ErrorCode,
         message: &str,
     ) -> Result<()> {
-        let body = serde_json::json!({ "error": code.as_str(), "message": message });
-        let mut extra = vec![(headers::ERROR_CODE, code.as_str().to_owned())];
-        if status == 503 || status == 429 {
-            extra.push((headers::RETRY_AFTER, RETRY_AFTER_SECS.to_string()));
+        // Serialized from borrowed fields: a `serde_json::Value` built per answer cost the
+        // reject path allocations of its own (`reports/perf/EDGE.md`).
+        #[derive(serde::Serialize)]
+        struct ErrorBody<'a> {
+            error: &'a str,
+            message: &'a str,
         }
-        write_json(session, status, &body, &extra).await
+        let body = ErrorBody {
+            error: code.as_str(),
+            message,
+        };
+        if status == 503 || status == 429 {
+            let retry_after = RETRY_AFTER_SECS.to_string();
+            let extra = [
+                (headers::ERROR_CODE, code.as_str()),
+                (headers::RETRY_AFTER, retry_after.as_str()),
+            ];
+            write_json(session, status, &body, &extra).await
+        } else {
+            write_json(session, status, &body, &[(headers::ERROR_CODE, code.as_str())]).await
+        }
     }
 
     async fn too_large(&self, session: &mut Session) -> Result<()> {
