@@ -194,7 +194,7 @@ struct BenchArgs {
     #[arg(
         long,
         env = "REJECT_RATES",
-        default_value = "10000,20000,30000,40000,50000,60000"
+        default_value = "10000,20000,30000,40000,50000,60000,70000,80000"
     )]
     reject_rates: Rates,
     /// Offered rates of the hot voucher ladders, flash and standard.
