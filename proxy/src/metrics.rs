@@ -5,8 +5,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
 };
 
 /// Up to 30 s: beyond every timeout of the edge (`upstream_read_timeout` 10 s by default),
@@ -41,7 +40,14 @@ pub struct EdgeMetrics {
 }
 
 /// Route labels (`voucher_contract::routes::Route::label`) whose series have a handle slot.
-const ROUTES: [&str; 6] = ["reserve", "confirm", "release", "get_voucher", "admin", "other"];
+const ROUTES: [&str; 6] = [
+    "reserve",
+    "confirm",
+    "release",
+    "get_voucher",
+    "admin",
+    "other",
+];
 /// The edge's outcomes (`forwarded`, `upstream_error`, and `OwnAnswer::outcome`).
 const OUTCOMES: [&str; 9] = [
     "forwarded",

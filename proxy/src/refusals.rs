@@ -252,7 +252,13 @@ impl Edge {
             ];
             write_json(session, status, &body, &extra).await
         } else {
-            write_json(session, status, &body, &[(headers::ERROR_CODE, code.as_str())]).await
+            write_json(
+                session,
+                status,
+                &body,
+                &[(headers::ERROR_CODE, code.as_str())],
+            )
+            .await
         }
     }
 

@@ -408,7 +408,10 @@ async fn each_request_is_one_json_access_line_with_the_request_id_it_echoes() {
     let core = CoreProcess::start(
         std::path::Path::new(env!("CARGO_BIN_EXE_voucher-core")),
         &settings,
-        &[("VOUCHER__LOG__FORMAT", "json"), ("VOUCHER__LOG__ACCESS", "true")],
+        &[
+            ("VOUCHER__LOG__FORMAT", "json"),
+            ("VOUCHER__LOG__ACCESS", "true"),
+        ],
     )
     .await;
     let get = |id: Option<&'static str>| {
