@@ -43,6 +43,7 @@ impl Run {
                     remember_accepted(accepted, &code, tag, &outcome);
                     let note = format!("{} accepted", outcome.count(|s| s.status == 201));
                     Ok(Step {
+                        unmet: None,
                         rate,
                         outcome,
                         note,

@@ -166,6 +166,7 @@ impl Run {
             outcome.count(|s| s.status == 503)
         );
         Ok(Step {
+            unmet: None,
             rate,
             outcome,
             note,

@@ -306,6 +306,7 @@ async fn measure(
             }
             let note = format!("{} answered 409", outcome.count(|s| s.status == 409));
             Ok(Step {
+                unmet: None,
                 rate,
                 outcome,
                 note,
