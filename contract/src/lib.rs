@@ -57,6 +57,15 @@ pub fn availability_channel(key_prefix: &str) -> String {
     format!("{key_prefix}available")
 }
 
+/// The Pub/Sub channel on which cores announce, for a deployment whose Redis keys start
+/// with `key_prefix`, that a voucher's gate took its last use: the reserve script
+/// publishes the code in the same step as it takes that use. Edges start the voucher's
+/// sold-out flag on it (fetching its order filter) without waiting for a core's first
+/// OUT_OF_STOCK answer. Best effort, like the availability channel.
+pub fn sold_out_channel(key_prefix: &str) -> String {
+    format!("{key_prefix}sold-out")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -65,5 +74,6 @@ mod tests {
     fn the_channel_follows_the_key_prefix() {
         assert_eq!(availability_channel(DEFAULT_KEY_PREFIX), "vg:available");
         assert_eq!(availability_channel("shop1:"), "shop1:available");
+        assert_eq!(sold_out_channel("shop1:"), "shop1:sold-out");
     }
 }

@@ -228,6 +228,10 @@ impl RedisSettings {
     pub fn availability_channel(&self) -> String {
         voucher_contract::availability_channel(&self.key_prefix)
     }
+
+    pub fn sold_out_channel(&self) -> String {
+        voucher_contract::sold_out_channel(&self.key_prefix)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -1,6 +1,8 @@
 -- Decides one reservation. All or nothing: either every write below happens or none.
 -- KEYS[1] meta, KEYS[2] remaining, KEYS[3] users, KEYS[4] orders, KEYS[5] unsettled
--- ARGV[1] order id, ARGV[2] customer id, ARGV[3] order amount, ARGV[4] ttl (ms)
+-- ARGV[1] order id, ARGV[2] customer id, ARGV[3] order amount, ARGV[4] ttl (ms),
+-- ARGV[5] the sold-out channel, ARGV[6] the voucher code (published there when this call
+-- takes the last use, so that edges start their flag without waiting for a refusal)
 -- Returns {OUTCOME}, or {OUTCOME, record, generation} for EXISTS and RESERVED: the gate's
 -- generation (of the PostgreSQL read it was loaded from, or a later one it was handed),
 -- which must still be the voucher's latest when the use is written (store::record_decided).
@@ -30,7 +32,7 @@ end
 if tonumber(redis.call('HGET', KEYS[3], ARGV[2]) or '0') >= tonumber(meta[1]) then
   return {'ALREADY_USED'}
 end
-redis.call('DECR', KEYS[2])
+local left = redis.call('DECR', KEYS[2])
 redis.call('HINCRBY', KEYS[3], ARGV[2], 1)
 -- '%.0f' keeps large integers as digits (tostring would switch to exponent notation).
 local discount = math.min(tonumber(meta[5]), amount)
@@ -41,4 +43,7 @@ local record = table.concat({'P', ARGV[2], ARGV[3], string.format('%.0f', discou
 redis.call('HSET', KEYS[4], ARGV[1], record)
 -- Unsettled until reconciliation sees its row (or gives the use back).
 redis.call('ZADD', KEYS[5], now, ARGV[1])
+if left == 0 and ARGV[5] then
+  redis.call('PUBLISH', ARGV[5], ARGV[6])
+end
 return {'RESERVED', record, meta[6]}

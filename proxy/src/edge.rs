@@ -11,12 +11,11 @@ use pingora::lb::LoadBalancer;
 use pingora::prelude::{HttpPeer, ProxyHttp, Session};
 use pingora::proxy::FailToProxy;
 use pingora::{Error, ErrorType, Result};
-use secrecy::{ExposeSecret, SecretString};
-use voucher_contract::order_filter::{OrderFilter, MAX_BITS};
 use voucher_contract::request;
 use voucher_contract::{headers, ErrorCode, Route};
 
 use crate::config::EdgeSettings;
+use crate::flagging::Flagger;
 use crate::metrics::EdgeMetrics;
 use crate::rate_limit::RateLimits;
 use crate::sold_out::SoldOutCache;
@@ -27,8 +26,8 @@ pub struct Edge {
     pub rate_limits: RateLimits,
     pub metrics: Arc<EdgeMetrics>,
     pub settings: Arc<EdgeSettings>,
-    /// For the order list of a sold-out voucher.
-    pub http: reqwest::Client,
+    /// Starts and renews sold-out flags, fetching their order filters from the cores.
+    pub flagger: Flagger,
     /// Ids of requests that came without a valid one.
     pub request_ids: request::RequestIds,
     /// Bounds the reservations the edge has at the cores at once (`admission`).
@@ -54,70 +53,6 @@ pub struct Ctx {
     /// A reservation's place within the admission limit, from its screening until it is
     /// logged (answered or given up).
     pub(crate) admitted: Option<voucher_admission::Permit>,
-}
-
-impl Edge {
-    /// Sets the sold-out flag of `code` and fetches its order filter from a core (one
-    /// fetch per voucher at a time, and at most one per `order_fetch_interval`).
-    fn flag_sold_out(&self, code: &str) {
-        let Some(id) = self.sold_out.begin(code) else {
-            return;
-        };
-        self.metrics.flags_set.inc();
-        self.fetch_filter(code, id, false);
-    }
-
-    /// Renews `code`'s flag `id`, whose answer claimed its renewal (see `sold_out`).
-    pub(crate) fn renew_flag(&self, code: &str, id: u64) {
-        self.fetch_filter(code, id, true);
-    }
-
-    /// Fetches `code`'s order filter from a core for flag `id` and stores it. A flag being
-    /// renewed keeps answering meanwhile, and a failed renewal leaves it to its TTL; a new
-    /// flag whose fetch failed is dropped.
-    fn fetch_filter(&self, code: &str, id: u64, renewal: bool) {
-        let (cache, http, token) = (
-            self.sold_out.clone(),
-            self.http.clone(),
-            self.settings.orders_token.clone(),
-        );
-        let upstream = self
-            .upstreams
-            .select(code.as_bytes(), 256)
-            .map(|b| b.addr.to_string());
-        let code = code.to_owned();
-        let metrics = self.metrics.clone();
-        tokio::spawn(async move {
-            let filter = match upstream {
-                Some(addr) => fetch_filter(&http, &addr, &code, &token).await,
-                None => Err("no healthy core".into()),
-            };
-            let outcome = match filter {
-                // Read while uses were left: a stale 409, not a sold-out voucher.
-                Ok(filter) if filter.remaining > 0 => {
-                    cache.abandon(&code, id);
-                    "not_sold_out"
-                }
-                Ok(filter) => {
-                    if cache.complete(&code, id, filter) {
-                        "stored"
-                    } else {
-                        "dropped"
-                    }
-                }
-                Err(e) if renewal => {
-                    tracing::warn!(%code, error = %e, "order filter not fetched; the flag ends with its TTL");
-                    "failed"
-                }
-                Err(e) => {
-                    tracing::warn!(%code, error = %e, "order filter not fetched; not answering for this voucher");
-                    cache.abandon(&code, id);
-                    "failed"
-                }
-            };
-            metrics.order_fetches.with_label_values(&[outcome]).inc();
-        });
-    }
 }
 
 /// Writes a complete JSON answer of the edge's own (`x-served-by: edge`), keeping the
@@ -162,40 +97,6 @@ fn status_class(status: u16) -> &'static str {
         500..=599 => "5xx",
         _ => "none",
     }
-}
-
-/// A reqwest error with its causes (a bare `to_string` says "error sending request" and
-/// hides why).
-fn cause_chain(e: reqwest::Error) -> String {
-    format!("{:#}", anyhow::Error::from(e))
-}
-
-/// The largest answer a filter can be: its header and `MAX_BITS` bits.
-const MAX_FILTER_BYTES: usize = 64 + (MAX_BITS / 8) as usize;
-
-async fn fetch_filter(
-    http: &reqwest::Client,
-    addr: &str,
-    code: &str,
-    token: &SecretString,
-) -> Result<OrderFilter, String> {
-    let mut resp = http
-        .get(format!("http://{addr}{}", Route::order_filter_path(code)))
-        .bearer_auth(token.expose_secret())
-        .send()
-        .await
-        .map_err(cause_chain)?;
-    if !resp.status().is_success() {
-        return Err(format!("core answered {}", resp.status()));
-    }
-    let mut body = Vec::with_capacity(resp.content_length().unwrap_or(0).min(1 << 24) as usize);
-    while let Some(chunk) = resp.chunk().await.map_err(cause_chain)? {
-        body.extend_from_slice(&chunk);
-        if body.len() > MAX_FILTER_BYTES {
-            return Err(format!("filter larger than {MAX_FILTER_BYTES} bytes"));
-        }
-    }
-    OrderFilter::decode(&body).ok_or_else(|| "not an order filter".to_owned())
 }
 
 #[async_trait]
@@ -301,7 +202,7 @@ impl ProxyHttp for Edge {
                     .and_then(|v| ErrorCode::parse(v.as_bytes()))
                     == Some(ErrorCode::OutOfStock);
             if out_of_stock {
-                self.flag_sold_out(code);
+                self.flagger.flag_sold_out(code);
             }
         }
         Ok(())

@@ -8,7 +8,9 @@
 //!   setting flags from the cores' answers);
 //! - `refusals`: every answer the edge gives itself, as the named steps of `request_filter`;
 //! - [`sold_out`]: the flags and the order lists that let retries of holders through;
-//! - [`signals`]: drops a flag at once when a core announces a use given back;
+//! - [`flagging`]: starts and renews a flag, fetching its order filter from a core;
+//! - [`signals`]: drops a flag at once when a core announces a use given back, and starts
+//!   one when a core announces that a gate took a voucher's last use;
 //! - [`config`], [`metrics`], [`server`]: the rest.
 //!
 //! What the edge shares with the cores (header names, error codes, the route table, the
@@ -16,6 +18,7 @@
 
 pub mod config;
 pub mod edge;
+pub mod flagging;
 pub mod metrics;
 pub mod rate_limit;
 mod refusals;

@@ -28,6 +28,9 @@ pub struct EdgeMetrics {
     pub flags_set: IntCounter,
     /// Flags dropped early by an availability announcement.
     pub availability_signals: IntCounter,
+    /// Announcements that a gate took a voucher's last use (each starts a flag, unless
+    /// one is set or being fetched already).
+    pub sold_out_signals: IntCounter,
     /// Vouchers currently flagged sold out.
     pub flags: IntGauge,
     /// Order-filter fetches by outcome: stored, dropped (a give-back came first),
@@ -120,6 +123,11 @@ impl EdgeMetrics {
             "Sold-out flags dropped by an availability announcement",
         )
         .expect("static metric definition is valid");
+        let sold_out_signals = IntCounter::new(
+            "edge_sold_out_signals_total",
+            "Announcements that a gate took a voucher's last use",
+        )
+        .expect("static metric definition is valid");
         let flags = IntGauge::new("edge_sold_out_flags", "Vouchers flagged sold out")
             .expect("static metric definition is valid");
         let order_fetches = IntCounterVec::new(
@@ -145,6 +153,7 @@ impl EdgeMetrics {
             Box::new(upstream_errors.clone()),
             Box::new(flags_set.clone()),
             Box::new(availability_signals.clone()),
+            Box::new(sold_out_signals.clone()),
             Box::new(flags.clone()),
             Box::new(order_fetches.clone()),
             Box::new(rate_limited.clone()),
@@ -181,6 +190,7 @@ impl EdgeMetrics {
             upstream_errors,
             flags_set,
             availability_signals,
+            sold_out_signals,
             flags,
             order_fetches,
             rate_limited,

@@ -212,7 +212,7 @@ impl Edge {
         }
         let verdict = self.sold_out.verdict(&code, Some(&reserve.order_id));
         if let Verdict::SoldOut { renew: Some(id) } = verdict {
-            self.renew_flag(&code, id);
+            self.flagger.renew(&code, id);
         }
         ctx.code = Some(code);
         if matches!(verdict, Verdict::SoldOut { .. }) {

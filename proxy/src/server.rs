@@ -16,6 +16,7 @@ use secrecy::ExposeSecret;
 
 use crate::config::EdgeSettings;
 use crate::edge::Edge;
+use crate::flagging::Flagger;
 use crate::metrics::EdgeMetrics;
 use crate::rate_limit::RateLimits;
 use crate::signals::AvailabilitySignals;
@@ -86,15 +87,23 @@ pub fn build(settings: EdgeSettings) -> anyhow::Result<Server> {
         settings.order_fetch_interval,
         settings.cache_capacity,
     );
-    let edge = Edge {
-        rate_limits: RateLimits::new(&settings.rate_limit),
-        upstreams: health.task(),
+    let upstreams = health.task();
+    let flagger = Flagger {
         sold_out: sold_out.clone(),
-        metrics: metrics.clone(),
-        settings: settings.clone(),
+        upstreams: upstreams.clone(),
         http: reqwest::Client::builder()
             .timeout(Duration::from_secs(2))
             .build()?,
+        orders_token: settings.orders_token.clone(),
+        metrics: metrics.clone(),
+    };
+    let edge = Edge {
+        rate_limits: RateLimits::new(&settings.rate_limit),
+        upstreams,
+        sold_out: sold_out.clone(),
+        metrics: metrics.clone(),
+        settings: settings.clone(),
+        flagger: flagger.clone(),
         request_ids: voucher_contract::request::RequestIds::new(
             uuid::Uuid::new_v4().as_u64_pair().0,
         ),
@@ -127,8 +136,11 @@ pub fn build(settings: EdgeSettings) -> anyhow::Result<Server> {
             AvailabilitySignals {
                 client,
                 channel: settings.availability_channel(),
-                sold_out,
-                metrics,
+                // Flags start early only where the edge answers for sold-out vouchers.
+                sold_out_channel: settings
+                    .sold_out_answers
+                    .then(|| settings.sold_out_channel()),
+                flagger,
             },
         ));
     }

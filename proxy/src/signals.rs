@@ -1,7 +1,8 @@
-//! Availability announcements: cores publish a voucher code on a Redis channel when a use
-//! of it is given back; the edge drops that voucher's sold-out flag at once.
+//! Announcements of the cores on Redis Pub/Sub: a voucher code on the availability
+//! channel when a use of it is given back (the edge drops that voucher's sold-out flag at
+//! once), and on the sold-out channel when its gate took its last use (the edge starts
+//! its flag at once, `flagging`).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -9,28 +10,38 @@ use futures::StreamExt;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
-use crate::metrics::EdgeMetrics;
-use crate::sold_out::SoldOutCache;
+use crate::flagging::Flagger;
 
 pub struct AvailabilitySignals {
     pub client: redis::Client,
     pub channel: String,
-    pub sold_out: SoldOutCache,
-    pub metrics: Arc<EdgeMetrics>,
+    /// Listened to only where the edge answers for sold-out vouchers.
+    pub sold_out_channel: Option<String>,
+    pub flagger: Flagger,
 }
 
 impl AvailabilitySignals {
     async fn listen(&self) -> redis::RedisResult<()> {
         let mut pubsub = self.client.get_async_pubsub().await?;
         pubsub.subscribe(&self.channel).await?;
+        if let Some(sold_out) = &self.sold_out_channel {
+            pubsub.subscribe(sold_out).await?;
+        }
         // Announcements sent while the edge was not subscribed are lost: no flag from
         // before can be trusted to hide every holder.
-        self.sold_out.clear_all();
+        self.flagger.sold_out.clear_all();
         let mut messages = pubsub.on_message();
         while let Some(message) = messages.next().await {
             let code: String = message.get_payload()?;
-            self.sold_out.clear(&code);
-            self.metrics.availability_signals.inc();
+            if self.sold_out_channel.as_deref() == Some(message.get_channel_name()) {
+                // A flag's answers still wait for its order filter, which is read after
+                // the last use was taken: every holder is in it.
+                self.flagger.flag_sold_out(&code);
+                self.flagger.metrics.sold_out_signals.inc();
+            } else {
+                self.flagger.sold_out.clear(&code);
+                self.flagger.metrics.availability_signals.inc();
+            }
         }
         Ok(())
     }

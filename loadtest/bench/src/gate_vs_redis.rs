@@ -85,12 +85,15 @@ fn redis_benchmark_rate(prefix: &str, code: &VoucherCode, requests: u64) -> anyh
             "1000000000",
             "--csv",
         ])
-        .args(["EVALSHA", &sha, "4"])
+        .args(["EVALSHA", &sha, "5"])
         .arg(format!("{base}:meta"))
         .arg(format!("{base}:remaining"))
         .arg(format!("{base}:users"))
         .arg(format!("{base}:orders"))
+        .arg(format!("{base}:unsettled"))
         .args(["o-__rand_int__", "c-__rand_int__", "250000", "900000"])
+        .arg(voucher_contract::sold_out_channel(prefix))
+        .arg(code.as_str())
         .output()?;
     let text = String::from_utf8_lossy(&output.stdout);
     Ok(text

@@ -178,6 +178,83 @@ async fn after_the_sell_out_the_edge_answers_alone_and_holders_still_get_their_2
     stack.finish(&sale.accepted()).await;
 }
 
+/// The gate's last use taken at a core, with no request through the edge at all: the
+/// reserve script announces it on the sold-out channel, the edge sets the flag and
+/// fetches the order filter on its own, and the very first late request through the edge
+/// is answered there; a holder's retry still reaches a core and gets its 201.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_last_use_taken_at_a_core_flags_the_voucher_at_the_edge_before_any_refusal() {
+    let stack = stack(Duration::from_secs(60)).await;
+    let prefix = stack
+        .settings
+        .redis
+        .as_ref()
+        .expect("flash settings have Redis")
+        .key_prefix
+        .clone();
+    let channel = voucher_contract::sold_out_channel(&prefix);
+    // The announcement is not kept for a late subscriber: wait for the edge's subscription.
+    let conn = voucher_testkit::stack::redis_connection().await;
+    eventually(Duration::from_secs(10), "the edge subscribed", || {
+        let (mut conn, channel) = (conn.clone(), channel.clone());
+        async move {
+            let (_, subscribers): (String, i64) = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(&channel)
+                .query_async(&mut conn)
+                .await
+                .ok()?;
+            (subscribers >= 1).then_some(())
+        }
+    })
+    .await;
+
+    stack.app().given_voucher(flash_voucher("LAST", 3, 1)).await;
+    let core = stack.app();
+    let mut accepted = Vec::new();
+    for i in 0..3 {
+        let (customer, order) = (format!("c{i}"), format!("o{i}"));
+        let resp = core.reserve("LAST", &customer, &order, 100_000).await;
+        assert_eq!(resp.status(), StatusCode::CREATED);
+        accepted.push(Accepted::new("LAST", &customer, &order));
+    }
+    let edge = stack.edge();
+    eventually(
+        Duration::from_secs(10),
+        "the edge's filter stored",
+        || async {
+            let m = edge.metrics().await;
+            (m.sum("edge_order_filter_fetches_total", &[("outcome", "stored")]) >= 1.0)
+                .then_some(())
+        },
+    )
+    .await;
+    let metrics = edge.metrics().await;
+    assert_eq!(metrics.sum("edge_sold_out_signals_total", &[]), 1.0);
+    assert_eq!(
+        metrics.sum("edge_requests_total", &[("route", "reserve")]),
+        0.0,
+        "nothing went through the edge"
+    );
+
+    let at_core_before = core_reservations(&stack).await;
+    let late = edge.api.reserve("LAST", "late", "late-1", 100_000).await;
+    assert!(
+        late.headers().get(headers::SERVED_BY).is_some(),
+        "answered by the edge"
+    );
+    assert_error(late, StatusCode::CONFLICT, "OUT_OF_STOCK").await;
+    assert_eq!(core_reservations(&stack).await, at_core_before);
+    let retry = edge.api.reserve("LAST", "c1", "o1", 100_000).await;
+    assert_eq!(
+        retry.status(),
+        StatusCode::CREATED,
+        "a holder's retry reaches a core"
+    );
+    assert!(retry.headers().get(headers::SERVED_BY).is_none());
+    stack.finish(&accepted).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_released_use_is_taken_again_through_the_edge_within_the_ttl() {
     let stack = stack(Duration::from_secs(60)).await;

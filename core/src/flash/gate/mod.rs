@@ -52,6 +52,8 @@ pub struct Gate {
     prefix: String,
     /// Where uses given back are announced to the edges.
     channel: String,
+    /// Where a voucher's last use taken is announced to the edges (by `reserve.lua`).
+    sold_out_channel: String,
     scripts: std::sync::Arc<Scripts>,
 }
 
@@ -94,6 +96,7 @@ impl Gate {
             conn,
             prefix: settings.key_prefix.clone(),
             channel: settings.availability_channel(),
+            sold_out_channel: settings.sold_out_channel(),
             scripts: std::sync::Arc::new(scripts),
         };
         gate.load_scripts().await?;

@@ -98,6 +98,8 @@ impl Gate {
             .arg(request.customer_id.as_str())
             .arg(request.order_amount.minor_units())
             .arg(ttl_ms)
+            .arg(&self.sold_out_channel)
+            .arg(request.voucher_code.as_str())
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(redis_down)?;
