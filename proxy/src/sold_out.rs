@@ -1,6 +1,7 @@
 //! Sold-out flags per voucher code, in a moka cache with a short TTL.
 //!
-//! A flag is set when a core answers OUT_OF_STOCK. While it holds, new reservations for
+//! A flag is set when a core answers OUT_OF_STOCK, or when the gate announces that it
+//! took a voucher's last use (`flagging`). While it holds, new reservations for
 //! the code are answered here. A retry of an order that already has a reservation must
 //! still reach a core (it gets its original 201), with any number of edges and cores: so
 //! a flag carries a filter of the orderIds the voucher has reservations for (no false
