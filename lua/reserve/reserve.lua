@@ -43,7 +43,7 @@ local record = table.concat({'P', ARGV[2], ARGV[3], string.format('%.0f', discou
 redis.call('HSET', KEYS[4], ARGV[1], record)
 -- Unsettled until reconciliation sees its row (or gives the use back).
 redis.call('ZADD', KEYS[5], now, ARGV[1])
-if left == 0 and ARGV[5] then
+if left == 0 and ARGV[5] and ARGV[6] then
   redis.call('PUBLISH', ARGV[5], ARGV[6])
 end
 return {'RESERVED', record, meta[6]}
