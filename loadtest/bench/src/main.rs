@@ -218,7 +218,7 @@ struct BenchArgs {
     #[arg(
         long,
         env = "OVERLOAD_STANDARD_RATES",
-        default_value = "250,500,1000,1500,2000,3000"
+        default_value = "500,1000,2000,4000,8000,12000,16000,20000,24000"
     )]
     overload_standard_rates: Rates,
     /// The rate of the sale of `memory` (through the edge).
