@@ -212,10 +212,12 @@ async fn the_last_use_taken_at_a_core_flags_the_voucher_at_the_edge_before_any_r
     stack.app().given_voucher(flash_voucher("LAST", 3, 1)).await;
     let core = stack.app();
     let mut accepted = Vec::new();
+    let mut bodies = Vec::new();
     for i in 0..3 {
         let (customer, order) = (format!("c{i}"), format!("o{i}"));
         let resp = core.reserve("LAST", &customer, &order, 100_000).await;
         assert_eq!(resp.status(), StatusCode::CREATED);
+        bodies.push(resp.json::<Value>().await.expect("json"));
         accepted.push(Accepted::new("LAST", &customer, &order));
     }
     let edge = stack.edge();
@@ -252,6 +254,11 @@ async fn the_last_use_taken_at_a_core_flags_the_voucher_at_the_edge_before_any_r
         "a holder's retry reaches a core"
     );
     assert!(retry.headers().get(headers::SERVED_BY).is_none());
+    assert_eq!(
+        retry.json::<Value>().await.expect("json"),
+        bodies[1],
+        "the original 201 body"
+    );
     stack.finish(&accepted).await;
 }
 
