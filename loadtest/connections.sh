@@ -14,7 +14,6 @@ HOLD_SECS=${HOLD_SECS:-40}
 OUT=${OUT:-reports/connections}
 TOKEN=${VOUCHER__ADMIN__TOKEN:-dev-admin-token}
 PORT=18490
-CORE=http://127.0.0.1:8081
 
 start_stack
 command -v wrk >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
@@ -38,15 +37,8 @@ wait_for_port 127.0.0.1 $PORT 30
 sleep 1
 
 code="CONN$(date +%s)"
-now=$(date -u -d '-1 minute' +%FT%TZ); end=$(date -u -d '+1 day' +%FT%TZ)
-curl -fsS -o /dev/null -X POST "$CORE/vouchers" -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
-  -d "{\"code\":\"$code\",\"discountAmount\":1000,\"minOrderAmount\":0,\"totalLimit\":1,\"perUserLimit\":1,\"startsAt\":\"$now\",\"endsAt\":\"$end\",\"mode\":\"flash\"}"
-for i in $(seq 1 50); do
-  served=$(curl -sS -D - -o /dev/null -X POST "http://127.0.0.1:$PORT/vouchers/$code/reservations" -H 'Content-Type: application/json' \
-    -d "{\"customerId\":\"c$i\",\"orderId\":\"$code-$i\",\"orderAmount\":250000}" | grep -ci '^x-served-by: edge' || true)
-  [[ $served == 1 ]] && break
-  sleep 0.1
-done
+ADMIN_TOKEN=$TOKEN sold_out_voucher "$code"
+until_served_by_edge "$PORT" "$code"
 
 rss() { awk '/^VmRSS/ { print $2 / 1024 }' "/proc/$edge_pid/status"; }
 wrk_reserve_script "$code" "$WORK/reserve.lua"
