@@ -20,6 +20,17 @@ pub enum ErrorCode {
     OrderIdConflict,
     AlreadyReleased,
     AlreadyConfirmed,
+    /// The voucher is paused by an operator (the kill switch): no new reservation until it
+    /// is resumed; holders' retries, confirms and releases still work (409).
+    VoucherPaused,
+    /// The voucher is archived: it takes no reservation ever again (409).
+    VoucherArchived,
+    /// An admin change the voucher's state or counts do not allow now (409, with `field`).
+    ChangeNotAllowed,
+    /// A change named a version (`If-Match`) that is no longer the voucher's (412).
+    PreconditionFailed,
+    /// A change of a voucher's definition must name the version it read (428).
+    PreconditionRequired,
     ServiceUnavailable,
     Internal,
     /// The edge could not read the request.
@@ -36,7 +47,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for documents and tests.
-    pub const ALL: [ErrorCode; 23] = [
+    pub const ALL: [ErrorCode; 28] = [
         Self::InvalidRequest,
         Self::MalformedJson,
         Self::UnsupportedMediaType,
@@ -54,6 +65,11 @@ impl ErrorCode {
         Self::OrderIdConflict,
         Self::AlreadyReleased,
         Self::AlreadyConfirmed,
+        Self::VoucherPaused,
+        Self::VoucherArchived,
+        Self::ChangeNotAllowed,
+        Self::PreconditionFailed,
+        Self::PreconditionRequired,
         Self::ServiceUnavailable,
         Self::Internal,
         Self::BadRequest,
@@ -81,6 +97,11 @@ impl ErrorCode {
             Self::OrderIdConflict => "ORDER_ID_CONFLICT",
             Self::AlreadyReleased => "ALREADY_RELEASED",
             Self::AlreadyConfirmed => "ALREADY_CONFIRMED",
+            Self::VoucherPaused => "VOUCHER_PAUSED",
+            Self::VoucherArchived => "VOUCHER_ARCHIVED",
+            Self::ChangeNotAllowed => "CHANGE_NOT_ALLOWED",
+            Self::PreconditionFailed => "PRECONDITION_FAILED",
+            Self::PreconditionRequired => "PRECONDITION_REQUIRED",
             Self::ServiceUnavailable => "SERVICE_UNAVAILABLE",
             Self::Internal => "INTERNAL",
             Self::BadRequest => "BAD_REQUEST",

@@ -42,6 +42,10 @@ pub mod headers {
     /// called directly); passed from edge to core, echoed on every answer and written in
     /// both access logs, so one request can be followed through both.
     pub const REQUEST_ID: &str = "x-request-id";
+    /// On the order filter: the voucher's state (`active`, `paused`, `archived`) as read
+    /// with the filter, so that an edge knows whether the filter's answer is OUT_OF_STOCK
+    /// or VOUCHER_PAUSED (VOUCHER_ARCHIVED).
+    pub const VOUCHER_STATE: &str = "x-voucher-state";
 }
 
 /// The `Retry-After` of every 503, edge and core alike.
@@ -58,10 +62,11 @@ pub fn availability_channel(key_prefix: &str) -> String {
 }
 
 /// The Pub/Sub channel on which cores announce, for a deployment whose Redis keys start
-/// with `key_prefix`, that a voucher's gate took its last use: the reserve script
-/// publishes the code in the same step as it takes that use. Edges start the voucher's
-/// sold-out flag on it (fetching its order filter) without waiting for a core's first
-/// OUT_OF_STOCK answer. Best effort, like the availability channel.
+/// with `key_prefix`, that a voucher stopped taking new reservations: its gate took its
+/// last use (the reserve script publishes the code in the same step as it takes that
+/// use), or an operator paused or archived it. Edges start the voucher's flag on it
+/// (fetching its order filter, which says which of the two it is) without waiting for a
+/// core's first refusal. Best effort, like the availability channel.
 pub fn sold_out_channel(key_prefix: &str) -> String {
     format!("{key_prefix}sold-out")
 }

@@ -7,6 +7,9 @@
 pub enum Route {
     /// `POST /vouchers` (admin).
     CreateVoucher,
+    /// `GET /vouchers`, `PATCH /vouchers/{code}`, `POST /vouchers/{code}/pause`, `/resume`,
+    /// `/archive`, `GET /vouchers/{code}/audit` (admin): the lifecycle calls.
+    ManageVoucher,
     /// `GET /vouchers/{code}`.
     GetVoucher,
     /// `POST /vouchers/{code}/gate/reload` (admin).
@@ -33,6 +36,9 @@ impl Route {
         let parts: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
         match (method, parts.as_slice()) {
             ("POST", ["vouchers"]) => Self::CreateVoucher,
+            (_, ["vouchers"]) => Self::ManageVoucher,
+            ("PATCH", ["vouchers", _]) => Self::ManageVoucher,
+            (_, ["vouchers", _, "pause" | "resume" | "archive" | "audit"]) => Self::ManageVoucher,
             (_, ["vouchers", _, "gate", ..]) => Self::ReloadGate,
             (_, ["vouchers", _, "orders"]) => Self::OrderIds,
             (_, ["vouchers", _, "orders", "filter"]) => Self::OrderFilter,
@@ -50,7 +56,11 @@ impl Route {
     pub fn is_admin(&self) -> bool {
         matches!(
             self,
-            Self::CreateVoucher | Self::ReloadGate | Self::OrderIds | Self::OrderFilter
+            Self::CreateVoucher
+                | Self::ManageVoucher
+                | Self::ReloadGate
+                | Self::OrderIds
+                | Self::OrderFilter
         )
     }
 
@@ -61,15 +71,25 @@ impl Route {
             Self::Confirm => "confirm",
             Self::Release => "release",
             Self::GetVoucher => "get_voucher",
-            Self::CreateVoucher | Self::ReloadGate | Self::OrderIds | Self::OrderFilter => "admin",
+            Self::CreateVoucher
+            | Self::ManageVoucher
+            | Self::ReloadGate
+            | Self::OrderIds
+            | Self::OrderFilter => "admin",
             Self::Other => "other",
         }
     }
 
     /// The method and path template of each call the edge treats on its own, as the
     /// core's OpenAPI document writes them.
-    pub const TEMPLATES: [(&'static str, &'static str); 8] = [
+    pub const TEMPLATES: [(&'static str, &'static str); 14] = [
         ("post", "/vouchers"),
+        ("get", "/vouchers"),
+        ("patch", "/vouchers/{code}"),
+        ("post", "/vouchers/{code}/pause"),
+        ("post", "/vouchers/{code}/resume"),
+        ("post", "/vouchers/{code}/archive"),
+        ("get", "/vouchers/{code}/audit"),
         ("get", "/vouchers/{code}"),
         ("post", "/vouchers/{code}/gate/reload"),
         ("get", "/vouchers/{code}/orders"),
@@ -129,6 +149,13 @@ mod tests {
         assert!(Route::classify("POST", "/vouchers/").is_admin());
         assert!(Route::classify("POST", "/vouchers/F1/gate/reload").is_admin());
         assert!(Route::classify("GET", "/vouchers/F1/orders").is_admin());
+        assert!(Route::classify("GET", "/vouchers").is_admin());
+        assert!(Route::classify("PATCH", "/vouchers/F1").is_admin());
+        assert!(Route::classify("POST", "/vouchers/F1/pause").is_admin());
+        assert!(Route::classify("POST", "/vouchers/F1/resume/").is_admin());
+        assert!(Route::classify("POST", "/vouchers/F1/archive").is_admin());
+        assert!(Route::classify("GET", "/vouchers/F1/audit").is_admin());
+        assert_eq!(Route::classify("DELETE", "/vouchers/F1"), Route::Other);
         assert_eq!(Route::classify("GET", "/healthz"), Route::Other);
     }
 

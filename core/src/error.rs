@@ -55,6 +55,16 @@ pub enum Error {
     AlreadyReleased,
     #[error("the reservation was already confirmed")]
     AlreadyConfirmed,
+    #[error("the voucher is paused: it takes no new reservation until it is resumed")]
+    VoucherPaused,
+    #[error("the voucher is archived: it takes no reservation")]
+    VoucherArchived,
+    #[error("{}: {}", .0.field, .0.reason)]
+    ChangeNotAllowed(FieldError),
+    #[error("the voucher changed since the version named in If-Match; read it again")]
+    PreconditionFailed,
+    #[error("a change must name the version it read (If-Match with the voucher's ETag)")]
+    PreconditionRequired,
     #[error("{0} is not available as a voucher mode yet")]
     ModeUnavailable(&'static str),
     /// A dependency cannot be reached or is overloaded: the client may retry later.
@@ -132,7 +142,12 @@ impl Error {
             | Self::AlreadyUsed
             | Self::OrderIdConflict
             | Self::AlreadyReleased
-            | Self::AlreadyConfirmed => StatusCode::CONFLICT,
+            | Self::AlreadyConfirmed
+            | Self::VoucherPaused
+            | Self::VoucherArchived
+            | Self::ChangeNotAllowed(_) => StatusCode::CONFLICT,
+            Self::PreconditionFailed => StatusCode::PRECONDITION_FAILED,
+            Self::PreconditionRequired => StatusCode::PRECONDITION_REQUIRED,
             Self::NotEligible(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Unavailable { .. } | Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -159,6 +174,11 @@ impl Error {
             Self::OrderIdConflict => ErrorCode::OrderIdConflict,
             Self::AlreadyReleased => ErrorCode::AlreadyReleased,
             Self::AlreadyConfirmed => ErrorCode::AlreadyConfirmed,
+            Self::VoucherPaused => ErrorCode::VoucherPaused,
+            Self::VoucherArchived => ErrorCode::VoucherArchived,
+            Self::ChangeNotAllowed(_) => ErrorCode::ChangeNotAllowed,
+            Self::PreconditionFailed => ErrorCode::PreconditionFailed,
+            Self::PreconditionRequired => ErrorCode::PreconditionRequired,
             Self::Unavailable { .. } => ErrorCode::ServiceUnavailable,
             Self::Overloaded => ErrorCode::Overloaded,
             Self::Internal(_) => ErrorCode::Internal,
@@ -176,7 +196,7 @@ impl Error {
 
     fn body(&self) -> serde_json::Value {
         match self {
-            Self::InvalidRequest(e) => json!({
+            Self::InvalidRequest(e) | Self::ChangeNotAllowed(e) => json!({
                 "error": self.code(),
                 "message": format!("{}: {}", e.field, e.reason),
                 "field": e.field,
@@ -270,6 +290,10 @@ pub(crate) fn constraint_error(name: &str) -> Option<Error> {
         "vouchers_used_within_limit" => Error::OutOfStock,
         "customer_usage_within_limit" => Error::AlreadyUsed,
         "redemptions_order_id_key" => Error::OrderIdConflict,
+        // Not constraints: the names the statements that take a use give a voucher whose
+        // row is not active (`store::batch`).
+        "voucher_paused" => Error::VoucherPaused,
+        "voucher_archived" => Error::VoucherArchived,
         _ => return None,
     })
 }

@@ -31,6 +31,9 @@ pub struct Metrics {
     pub http_duration: HistogramVec,
     /// Reservation decisions by voucher mode and outcome (reserved, retried, or an error code).
     pub reservations: IntCounterVec,
+    /// Operators' changes of vouchers in force, by action (create, change, pause, resume,
+    /// archive), counted where they were made.
+    pub voucher_changes: IntCounterVec,
     /// Reservations released by the expiry job.
     pub expired_releases: IntCounter,
     /// Expiry job runs by result (ok, error).
@@ -124,6 +127,12 @@ impl Metrics {
                 "voucher_reservations_total",
                 "Reservation decisions by mode and outcome",
                 &["mode", "outcome"],
+            ),
+            voucher_changes: counter_vec(
+                &r,
+                "voucher_admin_changes_total",
+                "Operators' changes of vouchers (create, change, pause, resume, archive)",
+                &["action"],
             ),
             expired_releases: register(
                 &r,

@@ -10,13 +10,13 @@ use voucher_contract::order_filter::OrderFilter;
 
 use crate::catalog::Catalog;
 use crate::domain::{
-    NewVoucher, OrderId, Reservation, ReservationRequest, Voucher, VoucherCode, VoucherMode,
-    VoucherStats,
+    NewVoucher, OrderId, Reservation, ReservationRequest, Voucher, VoucherChange, VoucherCode,
+    VoucherMode, VoucherState, VoucherStats,
 };
 use crate::flash::FlashPath;
 use crate::metrics::Metrics;
 use crate::standard::Grouper;
-use crate::store::{ReserveOutcome, Store};
+use crate::store::{Actor, AuditEvent, ReserveOutcome, StateChange, Store, VoucherFilter};
 use crate::{Error, Result};
 
 #[derive(Clone)]
@@ -61,15 +61,19 @@ impl VoucherService {
         &self.store
     }
 
-    pub async fn create(&self, new: NewVoucher) -> Result<Voucher> {
+    pub async fn create(&self, new: NewVoucher, by: &Actor) -> Result<Voucher> {
         // Refused rather than silently served by the standard path: an operator who asks
         // for flash mode expects the Redis gate in front of PostgreSQL.
         let flash = match new.mode {
             VoucherMode::Flash => Some(self.flash_path()?),
             VoucherMode::Standard => None,
         };
-        let voucher = self.store.create_voucher(&new).await?;
+        let voucher = self.store.create_voucher(&new, by).await?;
         self.catalog.remember(voucher.clone());
+        self.metrics
+            .voucher_changes
+            .with_label_values(&["create"])
+            .inc();
         if let Some(flash) = flash {
             // If Redis is down now, the first reservation finds the gate unloaded and
             // rebuilds it; nothing is lost by not failing the creation.
@@ -88,9 +92,73 @@ impl VoucherService {
         Ok((voucher, stats))
     }
 
+    /// Changes a voucher's definition if it is still at version `expected` (see
+    /// [`Store::change_voucher`]), then hands it to its gate ([`Self::in_force`]).
+    pub async fn change(
+        &self,
+        code: &VoucherCode,
+        expected: i64,
+        change: &VoucherChange,
+        by: &Actor,
+    ) -> Result<Voucher> {
+        let voucher = self
+            .store
+            .change_voucher(code, expected, change, by)
+            .await?;
+        self.in_force(voucher, "change").await
+    }
+
+    /// Pauses, resumes or archives a voucher (see [`Store::change_state`]), then hands the
+    /// state to its gate ([`Self::in_force`]). Asking again for the state it is in is
+    /// answered as the first time, and hands it to the gate again.
+    pub async fn change_state(
+        &self,
+        code: &VoucherCode,
+        change: StateChange,
+        expected: Option<i64>,
+        by: &Actor,
+    ) -> Result<Voucher> {
+        let voucher = self.store.change_state(code, change, expected, by).await?;
+        self.in_force(voucher, change.action()).await
+    }
+
+    /// A committed change takes effect: this core's catalog has it at once (the others
+    /// within `catalog::REFRESH_AFTER`), and a flash voucher's open gate takes it in one
+    /// step before the operator is answered. PostgreSQL already holds it for every use
+    /// taken after (`store::batch` reads the row); a gate that could not be reached is
+    /// answered 503 (the change stays committed, a retry of a pause or resume hands it to
+    /// the gate again, and reconciliation does within its interval).
+    async fn in_force(&self, voucher: Voucher, action: &str) -> Result<Voucher> {
+        self.catalog.remember(voucher.clone());
+        self.metrics
+            .voucher_changes
+            .with_label_values(&[action])
+            .inc();
+        if let (VoucherMode::Flash, Some(flash)) = (voucher.mode, &self.flash) {
+            flash.gate().amend(&voucher).await?;
+        }
+        Ok(voucher)
+    }
+
+    /// One page of vouchers (see [`Store::list_vouchers`]), with the uses each holds.
+    pub async fn list(&self, filter: &VoucherFilter) -> Result<Vec<(Voucher, i32)>> {
+        self.store.list_vouchers(filter).await
+    }
+
+    /// One page of a voucher's audit trail; `VoucherNotFound` for an unknown code.
+    pub async fn audit(
+        &self,
+        code: &VoucherCode,
+        after: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<AuditEvent>> {
+        self.catalog.get(code).await?;
+        self.store.audit_events(code, after, limit).await
+    }
+
     /// Operator command: drop the voucher's gate and rebuild it from PostgreSQL once that
-    /// is safe. Reservations for it get 503 until then.
-    pub async fn reload_gate(&self, code: &VoucherCode) -> Result<()> {
+    /// is safe. Reservations for it get 503 until then. Audited.
+    pub async fn reload_gate(&self, code: &VoucherCode, by: &Actor) -> Result<()> {
         let voucher = self.catalog.get(code).await?;
         if voucher.mode != VoucherMode::Flash {
             return Err(Error::InvalidRequest(crate::domain::FieldError::new(
@@ -99,6 +167,9 @@ impl VoucherService {
             )));
         }
         let flash = self.flash_path()?;
+        self.store
+            .audit_command(&voucher, "reload_gate", by)
+            .await?;
         flash.gate().unload(code).await?;
         flash.trigger_rebuild(voucher);
         Ok(())
@@ -183,8 +254,19 @@ impl VoucherService {
 
     /// Every orderId that has a reservation on the voucher, as a filter with the uses left
     /// when it was read: what an edge needs to answer a sold-out voucher's newcomers.
-    pub async fn order_filter(&self, code: &VoucherCode) -> Result<OrderFilter> {
-        let voucher = self.catalog.get(code).await?;
+    ///
+    /// With it, the voucher's state as PostgreSQL holds it (read before the orders, so a
+    /// filter read after a pause was committed says paused): whether the filter answers
+    /// for a paused voucher or a sold-out one.
+    pub async fn order_filter(&self, code: &VoucherCode) -> Result<(OrderFilter, VoucherState)> {
+        let voucher = self.store.voucher(code).await?;
+        let state = voucher.state;
+        let filter = self.order_filter_of(&voucher).await?;
+        Ok((filter, state))
+    }
+
+    async fn order_filter_of(&self, voucher: &Voucher) -> Result<OrderFilter> {
+        let code = &voucher.code;
         match (voucher.mode, &self.flash) {
             // As for `order_ids`: PostgreSQL's rows, read first, and the gate's orders with
             // the uses it had left (the gate says sold out while a last commit is under

@@ -8,7 +8,7 @@
 -- which must still be the voucher's latest when the use is written (store::record_decided).
 -- Time is Redis's own (TIME), never the caller's: every core decides the sale window and
 -- the TTL by the same clock, however far its own is off.
-local meta = redis.call('HMGET', KEYS[1], 'per_user_limit', 'starts_ms', 'ends_ms', 'min_order', 'discount', 'generation')
+local meta = redis.call('HMGET', KEYS[1], 'per_user_limit', 'starts_ms', 'ends_ms', 'min_order', 'discount', 'generation', 'state')
 -- A gate without a generation (loaded by an older version, or by hand with 0) cannot fence
 -- its writes: treated as missing, its rebuild finds it open and gives it the latest
 -- (load_begin.lua).
@@ -20,6 +20,10 @@ local existing = redis.call('HGET', KEYS[4], ARGV[1])
 if existing then
   return {'EXISTS', existing, meta[6]}
 end
+-- An operator's pause or archive (amend.lua) comes before the window: a paused voucher
+-- says so whenever it is asked. (No state: a gate loaded before states existed, active.)
+if meta[7] == 'paused' then return {'PAUSED'} end
+if meta[7] == 'archived' then return {'ARCHIVED'} end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 if now < tonumber(meta[2]) then return {'NOT_STARTED'} end

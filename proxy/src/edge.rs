@@ -195,14 +195,20 @@ impl ProxyHttp for Edge {
             response.insert_header(headers::REQUEST_ID, &ctx.request_id)?;
         }
         if let (Some(code), true) = (&ctx.code, self.settings.sold_out_answers) {
-            let out_of_stock = response.status.as_u16() == 409
-                && response
-                    .headers
-                    .get(headers::ERROR_CODE)
-                    .and_then(|v| ErrorCode::parse(v.as_bytes()))
-                    == Some(ErrorCode::OutOfStock);
-            if out_of_stock {
-                self.flagger.flag_sold_out(code);
+            let refusing = response.status.as_u16() == 409
+                && matches!(
+                    response
+                        .headers
+                        .get(headers::ERROR_CODE)
+                        .and_then(|v| ErrorCode::parse(v.as_bytes())),
+                    Some(
+                        ErrorCode::OutOfStock
+                            | ErrorCode::VoucherPaused
+                            | ErrorCode::VoucherArchived
+                    )
+                );
+            if refusing {
+                self.flagger.flag(code);
             }
         }
         Ok(())

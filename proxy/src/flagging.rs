@@ -1,7 +1,9 @@
-//! Starting and renewing sold-out flags (`sold_out`): a flag starts when a core answers
-//! OUT_OF_STOCK (`edge`'s response filter) or when a core announces that a voucher's gate
-//! took its last use (`signals`); either way its order filter is fetched from a core, and
-//! only once it is stored does the edge answer for the voucher.
+//! Starting and renewing flags (`sold_out`): a flag starts when a core answers
+//! OUT_OF_STOCK, VOUCHER_PAUSED or VOUCHER_ARCHIVED (`edge`'s response filter) or when a
+//! core announces that a voucher stopped taking new reservations (`signals`); either way
+//! its order filter is fetched from a core, with the voucher's state, and only once it is
+//! stored does the edge answer for the voucher: VOUCHER_PAUSED (VOUCHER_ARCHIVED) when the
+//! state says so, OUT_OF_STOCK when it is active and no use was left.
 //!
 //! The announcement is what makes a flag early: a core's first OUT_OF_STOCK answer
 //! reaches the edge only after the core looked the order up in PostgreSQL, at the moment
@@ -18,7 +20,7 @@ use voucher_contract::order_filter::{OrderFilter, MAX_BITS};
 use voucher_contract::Route;
 
 use crate::metrics::EdgeMetrics;
-use crate::sold_out::SoldOutCache;
+use crate::sold_out::{Refusal, SoldOutCache};
 
 /// What a flag needs to start or be renewed: the flags, a core to ask, and how to ask it.
 #[derive(Clone)]
@@ -33,9 +35,10 @@ pub struct Flagger {
 }
 
 impl Flagger {
-    /// Sets the sold-out flag of `code` and fetches its order filter from a core (one
-    /// fetch per voucher at a time, and at most one per `order_fetch_interval`).
-    pub fn flag_sold_out(&self, code: &str) {
+    /// Sets the flag of `code` and fetches its order filter from a core (one fetch per
+    /// voucher at a time, and at most one per `order_fetch_interval`); the filter's answer
+    /// says what the flag refuses with, or that it is none.
+    pub fn flag(&self, code: &str) {
         let Some(id) = self.sold_out.begin(code) else {
             return;
         };
@@ -69,18 +72,20 @@ impl Flagger {
                 None => Err("no healthy core".into()),
             };
             let outcome = match filter {
-                // Read while uses were left: a stale 409, not a sold-out voucher.
-                Ok(filter) if filter.remaining > 0 => {
-                    cache.abandon(&code, id);
-                    "not_sold_out"
-                }
-                Ok(filter) => {
-                    if cache.complete(&code, id, filter) {
-                        "stored"
-                    } else {
-                        "dropped"
+                Ok((filter, state)) => match refusal(state.as_deref(), filter.remaining) {
+                    Some(refusal) => {
+                        if cache.complete(&code, id, filter, refusal) {
+                            "stored"
+                        } else {
+                            "dropped"
+                        }
                     }
-                }
+                    // Active and read while uses were left: a stale 409, no flag.
+                    None => {
+                        cache.abandon(&code, id);
+                        "not_sold_out"
+                    }
+                },
                 Err(e) if renewal => {
                     tracing::warn!(%code, error = %e, "order filter not fetched; the flag ends with its TTL");
                     "failed"
@@ -93,6 +98,18 @@ impl Flagger {
             };
             metrics.order_fetches.with_label_values(&[outcome]).inc();
         });
+    }
+}
+
+/// What a filter read with the voucher's `state` (its `x-voucher-state`; a core without
+/// the header has no states: active) and `remaining` uses answers for newcomers: `None`
+/// when they may still be served.
+fn refusal(state: Option<&str>, remaining: u64) -> Option<Refusal> {
+    match state {
+        Some("paused") => Some(Refusal::Paused),
+        Some("archived") => Some(Refusal::Archived),
+        _ if remaining == 0 => Some(Refusal::SoldOut),
+        _ => None,
     }
 }
 
@@ -110,7 +127,7 @@ async fn fetch_filter(
     addr: &str,
     code: &str,
     token: &SecretString,
-) -> Result<OrderFilter, String> {
+) -> Result<(OrderFilter, Option<String>), String> {
     let mut resp = http
         .get(format!("http://{addr}{}", Route::order_filter_path(code)))
         .bearer_auth(token.expose_secret())
@@ -120,6 +137,11 @@ async fn fetch_filter(
     if !resp.status().is_success() {
         return Err(format!("core answered {}", resp.status()));
     }
+    let state = resp
+        .headers()
+        .get(voucher_contract::headers::VOUCHER_STATE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let mut body = Vec::with_capacity(resp.content_length().unwrap_or(0).min(1 << 24) as usize);
     while let Some(chunk) = resp.chunk().await.map_err(cause_chain)? {
         body.extend_from_slice(&chunk);
@@ -127,5 +149,20 @@ async fn fetch_filter(
             return Err(format!("filter larger than {MAX_FILTER_BYTES} bytes"));
         }
     }
-    OrderFilter::decode(&body).ok_or_else(|| "not an order filter".to_owned())
+    let filter = OrderFilter::decode(&body).ok_or_else(|| "not an order filter".to_owned())?;
+    Ok((filter, state))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_state_read_with_the_filter_decides_the_answer() {
+        assert_eq!(refusal(Some("paused"), 10), Some(Refusal::Paused));
+        assert_eq!(refusal(Some("archived"), 0), Some(Refusal::Archived));
+        assert_eq!(refusal(Some("active"), 0), Some(Refusal::SoldOut));
+        assert_eq!(refusal(None, 0), Some(Refusal::SoldOut));
+        assert_eq!(refusal(Some("active"), 3), None);
+    }
 }

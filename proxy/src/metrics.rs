@@ -31,7 +31,7 @@ pub struct EdgeMetrics {
     /// Announcements that a gate took a voucher's last use (each starts a flag, unless
     /// one is set or being fetched already).
     pub sold_out_signals: IntCounter,
-    /// Vouchers currently flagged sold out.
+    /// Vouchers currently flagged (sold out, paused or archived).
     pub flags: IntGauge,
     /// Order-filter fetches by outcome: stored, dropped (a give-back came first),
     /// not_sold_out (read while uses were left), failed.
@@ -52,7 +52,7 @@ const ROUTES: [&str; 6] = [
     "other",
 ];
 /// The edge's outcomes (`forwarded`, `upstream_error`, and `OwnAnswer::outcome`).
-const OUTCOMES: [&str; 9] = [
+const OUTCOMES: [&str; 11] = [
     "forwarded",
     "upstream_error",
     "health",
@@ -61,6 +61,8 @@ const OUTCOMES: [&str; 9] = [
     "admin_refused",
     "too_large",
     "sold_out",
+    "paused",
+    "archived",
     "overloaded",
 ];
 /// Status classes of `edge_responses_total`.

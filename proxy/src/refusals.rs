@@ -14,7 +14,7 @@ use voucher_contract::{headers, ErrorCode, Route, RETRY_AFTER_SECS};
 
 use crate::edge::{write_json, Ctx, Edge, EDGE_HEALTH_PATH};
 use crate::rate_limit::Limited;
-use crate::sold_out::Verdict;
+use crate::sold_out::{Refusal, Verdict};
 
 /// An answer the edge gives without a core.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,8 +29,9 @@ pub(crate) enum OwnAnswer {
     AdminRefused,
     /// 413: a declared or streamed body over `max_body_bytes`.
     TooLarge,
-    /// 409 `OUT_OF_STOCK`: a new order for a voucher flagged sold out.
-    SoldOut,
+    /// 409 `OUT_OF_STOCK`, `VOUCHER_PAUSED` or `VOUCHER_ARCHIVED`: a new order for a
+    /// flagged voucher.
+    Refused(Refusal),
     /// 503 `OVERLOADED`: a reservation for a core while the edge has its admission limit
     /// of them at the cores already.
     Overloaded,
@@ -45,7 +46,9 @@ impl OwnAnswer {
             Self::HeadersTooLarge => "headers_too_large",
             Self::AdminRefused => "admin_refused",
             Self::TooLarge => "too_large",
-            Self::SoldOut => "sold_out",
+            Self::Refused(Refusal::SoldOut) => "sold_out",
+            Self::Refused(Refusal::Paused) => "paused",
+            Self::Refused(Refusal::Archived) => "archived",
             Self::Overloaded => "overloaded",
         }
     }
@@ -100,14 +103,20 @@ impl Edge {
                 .await
             }
             OwnAnswer::TooLarge => self.too_large(session).await,
-            OwnAnswer::SoldOut => {
-                self.answer(
-                    session,
-                    409,
-                    ErrorCode::OutOfStock,
-                    "the voucher has no uses left",
-                )
-                .await
+            OwnAnswer::Refused(refusal) => {
+                // The cores' messages for the same codes.
+                let (code, message) = match refusal {
+                    Refusal::SoldOut => (ErrorCode::OutOfStock, "the voucher has no uses left"),
+                    Refusal::Paused => (
+                        ErrorCode::VoucherPaused,
+                        "the voucher is paused: it takes no new reservation until it is resumed",
+                    ),
+                    Refusal::Archived => (
+                        ErrorCode::VoucherArchived,
+                        "the voucher is archived: it takes no reservation",
+                    ),
+                };
+                self.answer(session, 409, code, message).await
             }
             OwnAnswer::Overloaded => {
                 self.answer(
@@ -211,12 +220,15 @@ impl Edge {
             return Ok(Some(OwnAnswer::RateLimited(by)));
         }
         let verdict = self.sold_out.verdict(&code, Some(&reserve.order_id));
-        if let Verdict::SoldOut { renew: Some(id) } = verdict {
+        if let Verdict::Refuse {
+            renew: Some(id), ..
+        } = verdict
+        {
             self.flagger.renew(&code, id);
         }
         ctx.code = Some(code);
-        if matches!(verdict, Verdict::SoldOut { .. }) {
-            return Ok(Some(OwnAnswer::SoldOut));
+        if let Verdict::Refuse { refusal, .. } = verdict {
+            return Ok(Some(OwnAnswer::Refused(refusal)));
         }
         // Last: only a reservation that goes to a core takes a place (the edge's own
         // answers cost the cores nothing), and one refused here has not reached a core.

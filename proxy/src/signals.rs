@@ -1,7 +1,8 @@
 //! Announcements of the cores on Redis Pub/Sub: a voucher code on the availability
-//! channel when a use of it is given back (the edge drops that voucher's sold-out flag at
-//! once), and on the sold-out channel when its gate took its last use (the edge starts
-//! its flag at once, `flagging`).
+//! channel when a use of it is given back, its limit raised or it is resumed (the edge
+//! drops that voucher's flag at once), and on the sold-out channel when its gate took its
+//! last use or an operator paused or archived it (the edge starts its flag at once,
+//! `flagging`).
 
 use std::time::Duration;
 
@@ -36,7 +37,7 @@ impl AvailabilitySignals {
             if self.sold_out_channel.as_deref() == Some(message.get_channel_name()) {
                 // A flag's answers still wait for its order filter, which is read after
                 // the last use was taken: every holder is in it.
-                self.flagger.flag_sold_out(&code);
+                self.flagger.flag(&code);
                 self.flagger.metrics.sold_out_signals.inc();
             } else {
                 self.flagger.sold_out.clear(&code);

@@ -1,8 +1,10 @@
-//! Sold-out flags per voucher code, in a moka cache with a short TTL.
+//! Flags of vouchers that take no new reservation, per voucher code, in a moka cache with
+//! a short TTL: sold out, or paused (or archived) by an operator.
 //!
-//! A flag is set when a core answers OUT_OF_STOCK, or when the gate announces that it
-//! took a voucher's last use (`flagging`). While it holds, new reservations for
-//! the code are answered here. A retry of an order that already has a reservation must
+//! A flag is set when a core answers OUT_OF_STOCK (VOUCHER_PAUSED, VOUCHER_ARCHIVED), or
+//! when a core announces that a gate took a voucher's last use or that an operator paused
+//! it (`flagging`). While it holds, new reservations for the code are answered here with
+//! the refusal the fetched filter came with ([`Refusal`]). A retry of an order that already has a reservation must
 //! still reach a core (it gets its original 201), with any number of edges and cores: so
 //! a flag carries a filter of the orderIds the voucher has reservations for (no false
 //! negatives), fetched from a core when the flag is set. Until it has arrived, nothing is
@@ -33,16 +35,29 @@ use moka::ops::compute::Op;
 use moka::sync::Cache;
 use voucher_contract::order_filter::OrderFilter;
 
-/// What the edge knows about a sold-out voucher.
+/// Why a flagged voucher takes no new reservation: the answer the edge gives for it, as
+/// the cores would.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// 409 OUT_OF_STOCK.
+    SoldOut,
+    /// 409 VOUCHER_PAUSED.
+    Paused,
+    /// 409 VOUCHER_ARCHIVED.
+    Archived,
+}
+
+/// What the edge knows about a voucher that takes no new reservation.
 #[derive(Debug, Clone)]
 pub enum Flag {
-    /// Sold out, order filter being fetched: forward everything meanwhile.
+    /// Order filter being fetched: forward everything meanwhile.
     Pending { id: u64 },
-    /// Sold out; orderIds the filter may contain have reservations (or are one of its
+    /// Refusing; orderIds the filter may contain have reservations (or are one of its
     /// false positives) and are forwarded. `id` names this flag for its renewal.
     Ready {
         id: u64,
         orders: Arc<OrderFilter>,
+        refusal: Refusal,
         stored: Instant,
     },
 }
@@ -51,10 +66,11 @@ pub enum Flag {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
     Forward,
-    /// Answered here. `renew`: the flag is due for renewal and this answer claimed it; the
-    /// caller fetches a new filter and stores it with [`SoldOutCache::complete`] under that
-    /// id.
-    SoldOut {
+    /// Answered here with `refusal`. `renew`: the flag is due for renewal and this answer
+    /// claimed it; the caller fetches a new filter and stores it with
+    /// [`SoldOutCache::complete`] under that id.
+    Refuse {
+        refusal: Refusal,
         renew: Option<u64>,
     },
 }
@@ -89,13 +105,18 @@ impl SoldOutCache {
     /// lookup of the flag decides the answer and whether it renews the flag.
     pub fn verdict(&self, code: &str, order_id: Option<&str>) -> Verdict {
         match (self.flags.get(code), order_id) {
-            (Some(Flag::Ready { id, orders, stored }), Some(order))
-                if !orders.may_contain(order) =>
-            {
-                Verdict::SoldOut {
-                    renew: self.claim_renewal(code, id, stored),
-                }
-            }
+            (
+                Some(Flag::Ready {
+                    id,
+                    orders,
+                    refusal,
+                    stored,
+                }),
+                Some(order),
+            ) if !orders.may_contain(order) => Verdict::Refuse {
+                refusal,
+                renew: self.claim_renewal(code, id, stored),
+            },
             _ => Verdict::Forward,
         }
     }
@@ -122,10 +143,11 @@ impl SoldOutCache {
         inserted.then_some(id)
     }
 
-    /// Stores the filter fetched for flag `id`, unless the flag was dropped or replaced
-    /// meanwhile (a use was given back while it was being fetched). For a renewal, `id` is
-    /// the ready flag's own, which goes on answering until this replaces it.
-    pub fn complete(&self, code: &str, id: u64, orders: OrderFilter) -> bool {
+    /// Stores the filter fetched for flag `id`, answering `refusal`, unless the flag was
+    /// dropped or replaced meanwhile (a use was given back, or the voucher resumed, while
+    /// it was being fetched). For a renewal, `id` is the ready flag's own, which goes on
+    /// answering until this replaces it.
+    pub fn complete(&self, code: &str, id: u64, orders: OrderFilter, refusal: Refusal) -> bool {
         let orders = Arc::new(orders);
         let result =
             self.flags
@@ -134,6 +156,7 @@ impl SoldOutCache {
                     Some(entry) if flag_id(entry.value()) == id => Op::Put(Flag::Ready {
                         id: self.next_id.fetch_add(1, Ordering::Relaxed),
                         orders: orders.clone(),
+                        refusal,
                         stored: Instant::now(),
                     }),
                     _ => Op::Nop,
@@ -156,7 +179,7 @@ impl SoldOutCache {
         claimed.then_some(id)
     }
 
-    /// Drops the flag of `code` (fetch failed, or a use was given back).
+    /// Drops the flag of `code` (fetch failed, a use was given back, the voucher resumed).
     pub fn clear(&self, code: &str) {
         self.flags.invalidate(code);
     }
@@ -224,13 +247,19 @@ mod tests {
             Verdict::Forward,
             "pending: forward"
         );
-        assert!(c.complete("V", id, filter(&["o1"])));
+        assert!(c.complete("V", id, filter(&["o1"]), Refusal::SoldOut));
         assert_eq!(
             c.verdict("V", Some("o1")),
             Verdict::Forward,
             "a holder's retry passes"
         );
-        assert_eq!(c.verdict("V", Some("o9")), Verdict::SoldOut { renew: None });
+        assert_eq!(
+            c.verdict("V", Some("o9")),
+            Verdict::Refuse {
+                refusal: Refusal::SoldOut,
+                renew: None
+            }
+        );
         assert_eq!(
             c.verdict("V", None),
             Verdict::Forward,
@@ -244,24 +273,36 @@ mod tests {
         let c = cache();
         let id = c.begin("V").expect("flag");
         c.clear("V"); // a use was given back meanwhile
-        assert!(!c.complete("V", id, filter(&[])));
+        assert!(!c.complete("V", id, filter(&[]), Refusal::SoldOut));
         assert_eq!(c.verdict("V", Some("o9")), Verdict::Forward);
         after_interval();
         let newer = c.begin("V").expect("new flag");
         c.abandon("V", id);
         assert!(
-            c.complete("V", newer, filter(&[])),
+            c.complete("V", newer, filter(&[]), Refusal::SoldOut),
             "an old failure does not drop a newer flag"
         );
-        assert_eq!(c.verdict("V", Some("o9")), Verdict::SoldOut { renew: None });
+        assert_eq!(
+            c.verdict("V", Some("o9")),
+            Verdict::Refuse {
+                refusal: Refusal::SoldOut,
+                renew: None
+            }
+        );
     }
 
     #[test]
     fn flags_expire_with_their_ttl() {
         let c = SoldOutCache::new(Duration::from_millis(30), Duration::from_millis(1), 100);
         let id = c.begin("V").expect("flag");
-        c.complete("V", id, filter(&[]));
-        assert_eq!(c.verdict("V", Some("o9")), Verdict::SoldOut { renew: None });
+        c.complete("V", id, filter(&[]), Refusal::SoldOut);
+        assert_eq!(
+            c.verdict("V", Some("o9")),
+            Verdict::Refuse {
+                refusal: Refusal::SoldOut,
+                renew: None
+            }
+        );
         std::thread::sleep(Duration::from_millis(60));
         assert_eq!(c.verdict("V", Some("o9")), Verdict::Forward);
     }
@@ -270,7 +311,7 @@ mod tests {
     /// that answer claimed, if any.
     fn renewal_claimed(c: &SoldOutCache, code: &str) -> Option<u64> {
         match c.verdict(code, Some("newcomer")) {
-            Verdict::SoldOut { renew } => renew,
+            Verdict::Refuse { renew, .. } => renew,
             Verdict::Forward => panic!("{code} is not answered as sold out"),
         }
     }
@@ -282,7 +323,7 @@ mod tests {
         // when the flag is due).
         let c = SoldOutCache::new(Duration::from_secs(2), Duration::from_millis(500), 100);
         let id = c.begin("V").expect("flag");
-        assert!(c.complete("V", id, filter(&["o1"])));
+        assert!(c.complete("V", id, filter(&["o1"]), Refusal::SoldOut));
         assert_eq!(
             renewal_claimed(&c, "V"),
             None,
@@ -295,7 +336,7 @@ mod tests {
             None,
             "one renewal at a time, and the flag answers meanwhile"
         );
-        assert!(c.complete("V", ready, filter(&["o1", "o2"])));
+        assert!(c.complete("V", ready, filter(&["o1", "o2"]), Refusal::SoldOut));
         assert_eq!(
             c.verdict("V", Some("o2")),
             Verdict::Forward,
@@ -313,18 +354,21 @@ mod tests {
     fn a_renewal_finding_uses_left_or_racing_a_give_back_leaves_no_flag() {
         let c = SoldOutCache::new(Duration::from_secs(2), Duration::from_millis(1), 100);
         let id = c.begin("V").expect("flag");
-        c.complete("V", id, filter(&[]));
+        c.complete("V", id, filter(&[]), Refusal::SoldOut);
         std::thread::sleep(Duration::from_millis(1200));
         let ready = renewal_claimed(&c, "V").expect("due");
         c.abandon("V", ready); // the fetched filter had uses left
         assert_eq!(c.verdict("V", Some("o9")), Verdict::Forward);
         after_interval();
         let id = c.begin("V").expect("a new flag");
-        c.complete("V", id, filter(&[]));
+        c.complete("V", id, filter(&[]), Refusal::SoldOut);
         std::thread::sleep(Duration::from_millis(1200));
         let ready = renewal_claimed(&c, "V").expect("due");
         c.clear("V"); // a use given back while the renewal was fetched
-        assert!(!c.complete("V", ready, filter(&[])), "never stored");
+        assert!(
+            !c.complete("V", ready, filter(&[]), Refusal::SoldOut),
+            "never stored"
+        );
         assert_eq!(c.verdict("V", Some("o9")), Verdict::Forward);
     }
 

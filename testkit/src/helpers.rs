@@ -270,6 +270,57 @@ impl ApiClient {
             .expect("request sent")
     }
 
+    /// An admin call: `method` on `path`, with the admin token, `If-Match: "version"` when
+    /// given, and `body` as JSON when given.
+    pub async fn admin(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        if_match: Option<i64>,
+        body: Option<&Value>,
+    ) -> Response {
+        let mut request = self
+            .client
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(ADMIN_TOKEN);
+        if let Some(version) = if_match {
+            request = request.header("if-match", format!("\"{version}\""));
+        }
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        request.send().await.expect("request sent")
+    }
+
+    /// `PATCH /vouchers/{code}` naming `version`.
+    pub async fn change(&self, code: &str, version: i64, change: &Value) -> Response {
+        self.admin(
+            reqwest::Method::PATCH,
+            &format!("/vouchers/{code}"),
+            Some(version),
+            Some(change),
+        )
+        .await
+    }
+
+    /// `POST /vouchers/{code}/{action}` (pause, resume, archive) without If-Match.
+    pub async fn lifecycle(&self, code: &str, action: &str) -> Response {
+        self.admin(
+            reqwest::Method::POST,
+            &format!("/vouchers/{code}/{action}"),
+            None,
+            None,
+        )
+        .await
+    }
+
+    /// Pauses (resumes, archives) `code` and panics unless it got 200; the voucher after.
+    pub async fn given_lifecycle(&self, code: &str, action: &str) -> Value {
+        let resp = self.lifecycle(code, action).await;
+        assert_eq!(resp.status(), StatusCode::OK, "{action} {code}");
+        resp.json().await.expect("json")
+    }
+
     pub async fn voucher_json(&self, code: &str) -> Value {
         let resp = self.get_voucher(code).await;
         assert_eq!(resp.status(), StatusCode::OK);

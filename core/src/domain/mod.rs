@@ -13,7 +13,10 @@ mod voucher;
 pub use ids::{CustomerId, OrderId, VoucherCode};
 pub use money::Money;
 pub use reservation::{Reservation, ReservationRequest, ReservationStatus};
-pub use voucher::{Ineligibility, NewVoucher, Voucher, VoucherMode, VoucherStats};
+pub use voucher::{
+    ChangeRefused, Ineligibility, NewVoucher, Phase, Voucher, VoucherChange, VoucherMode,
+    VoucherState, VoucherStats,
+};
 
 /// Why one field of a request was refused. Becomes `400 INVALID_REQUEST` with the field name.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -30,6 +30,71 @@ impl VoucherMode {
     }
 }
 
+/// What an operator set a voucher to. Where its window puts it ([`Phase`]) is read from the
+/// window and the clock, never stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum VoucherState {
+    /// Takes reservations within its window.
+    Active,
+    /// The kill switch: refuses new reservations (`VOUCHER_PAUSED`) until resumed; holders'
+    /// retries, confirms and releases go on.
+    Paused,
+    /// For good: refuses reservations (`VOUCHER_ARCHIVED`) and leaves the lists.
+    Archived,
+}
+
+impl VoucherState {
+    pub fn parse(raw: &str) -> Result<Self, FieldError> {
+        match raw {
+            "active" => Ok(Self::Active),
+            "paused" => Ok(Self::Paused),
+            "archived" => Ok(Self::Archived),
+            _ => Err(FieldError::new(
+                "state",
+                "must be \"active\", \"paused\" or \"archived\"",
+            )),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Paused => "paused",
+            Self::Archived => "archived",
+        }
+    }
+}
+
+/// Where a voucher's window puts it at an instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Scheduled,
+    Live,
+    Ended,
+}
+
+impl Phase {
+    pub fn parse(raw: &str) -> Result<Self, FieldError> {
+        match raw {
+            "scheduled" => Ok(Self::Scheduled),
+            "live" => Ok(Self::Live),
+            "ended" => Ok(Self::Ended),
+            _ => Err(FieldError::new(
+                "phase",
+                "must be \"scheduled\", \"live\" or \"ended\"",
+            )),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Scheduled => "scheduled",
+            Self::Live => "live",
+            Self::Ended => "ended",
+        }
+    }
+}
+
 /// A voucher as an operator asked for it, every field already checked.
 #[derive(Debug, Clone)]
 pub struct NewVoucher {
@@ -68,17 +133,7 @@ impl NewVoucher {
             .map_err(|e| {
                 FieldError::new(e.field, format!("{} (and at most totalLimit)", e.reason))
             })?;
-        for (field, at) in [("startsAt", starts_at), ("endsAt", ends_at)] {
-            if !(Self::EARLIEST..=Self::LATEST).contains(&at.timestamp()) {
-                return Err(FieldError::new(
-                    field,
-                    "must be between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59Z",
-                ));
-            }
-        }
-        if starts_at >= ends_at {
-            return Err(FieldError::new("endsAt", "must be after startsAt"));
-        }
+        check_window(starts_at, ends_at)?;
         Ok(Self {
             code,
             discount_amount,
@@ -92,6 +147,22 @@ impl NewVoucher {
     }
 }
 
+/// The window's instants lie in the years PostgreSQL and the gate both take, in order.
+fn check_window(starts_at: DateTime<Utc>, ends_at: DateTime<Utc>) -> Result<(), FieldError> {
+    for (field, at) in [("startsAt", starts_at), ("endsAt", ends_at)] {
+        if !(NewVoucher::EARLIEST..=NewVoucher::LATEST).contains(&at.timestamp()) {
+            return Err(FieldError::new(
+                field,
+                "must be between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59Z",
+            ));
+        }
+    }
+    if starts_at >= ends_at {
+        return Err(FieldError::new("endsAt", "must be after startsAt"));
+    }
+    Ok(())
+}
+
 fn parse_limit(field: &'static str, raw: i64, max: i64) -> Result<i32, FieldError> {
     if raw < 1 || raw > max {
         return Err(FieldError::new(
@@ -102,8 +173,11 @@ fn parse_limit(field: &'static str, raw: i64, max: i64) -> Result<i32, FieldErro
     i32::try_from(raw).map_err(|_| FieldError::new(field, "is too large"))
 }
 
-/// A stored voucher definition. None of these fields change after creation, which is why
-/// they may be cached; the counts that do change live in [`VoucherStats`].
+/// A stored voucher definition, at one `version`. An operator's change ([`VoucherChange`],
+/// a pause, a resume, an archive) makes the next version; the code, mode, per-customer
+/// limit and creation time never change. Copies of it (the core's catalog, a flash gate's
+/// meta) may lag behind: what takes a use reads the state and the limit from the row
+/// itself (`store::batch`).
 #[derive(Debug, Clone)]
 pub struct Voucher {
     pub code: VoucherCode,
@@ -115,6 +189,101 @@ pub struct Voucher {
     pub ends_at: DateTime<Utc>,
     pub mode: VoucherMode,
     pub created_at: DateTime<Utc>,
+    pub state: VoucherState,
+    /// Grows by one with each change: the `ETag`, and what a gate compares.
+    pub version: i64,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// An operator's change of a voucher's definition (`PATCH`); `None` leaves a field alone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VoucherChange {
+    pub starts_at: Option<DateTime<Utc>>,
+    pub ends_at: Option<DateTime<Utc>>,
+    pub total_limit: Option<i64>,
+    pub discount_amount: Option<Money>,
+    pub min_order_amount: Option<Money>,
+}
+
+/// Why a change is refused: the field, and what the voucher allows instead
+/// (`409 CHANGE_NOT_ALLOWED`), or a value that is no good whatever the voucher
+/// (`400 INVALID_REQUEST`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChangeRefused {
+    NotAllowed(FieldError),
+    Invalid(FieldError),
+}
+
+impl VoucherChange {
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// The voucher this change makes of `current`, at `now` with `held` uses held
+    /// (PostgreSQL's count, read under the row's lock): the end moves any time, the start
+    /// and the terms (discount, minimum) only before the start, the limit goes up at will
+    /// and down to no less than the uses held (nor below the per-customer limit). An
+    /// archived voucher changes no more.
+    pub fn apply(
+        &self,
+        current: &Voucher,
+        now: DateTime<Utc>,
+        held: i32,
+    ) -> Result<Voucher, ChangeRefused> {
+        use ChangeRefused::{Invalid, NotAllowed};
+        if current.state == VoucherState::Archived {
+            return Err(NotAllowed(FieldError::new(
+                "state",
+                "an archived voucher cannot be changed",
+            )));
+        }
+        let started = now >= current.starts_at;
+        let before_start = |field: &'static str| {
+            if started {
+                Err(NotAllowed(FieldError::new(
+                    field,
+                    "can only change before the voucher's start",
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        let mut next = current.clone();
+        if let Some(starts_at) = self.starts_at {
+            before_start("startsAt")?;
+            next.starts_at = starts_at;
+        }
+        if let Some(ends_at) = self.ends_at {
+            next.ends_at = ends_at;
+        }
+        check_window(next.starts_at, next.ends_at).map_err(Invalid)?;
+        if let Some(discount) = self.discount_amount {
+            before_start("discountAmount")?;
+            next.discount_amount = discount;
+        }
+        if let Some(min_order) = self.min_order_amount {
+            before_start("minOrderAmount")?;
+            next.min_order_amount = min_order;
+        }
+        if let Some(limit) = self.total_limit {
+            let limit =
+                parse_limit("totalLimit", limit, NewVoucher::MAX_TOTAL_LIMIT).map_err(Invalid)?;
+            if limit < held {
+                return Err(NotAllowed(FieldError::new(
+                    "totalLimit",
+                    format!("must be at least the {held} uses held now"),
+                )));
+            }
+            if limit < current.per_user_limit {
+                return Err(Invalid(FieldError::new(
+                    "totalLimit",
+                    format!("must be at least perUserLimit ({})", current.per_user_limit),
+                )));
+            }
+            next.total_limit = limit;
+        }
+        Ok(next)
+    }
 }
 
 /// Why an order may not use a voucher (422 NOT_ELIGIBLE, with this as `reason`).
@@ -136,6 +305,17 @@ impl Ineligibility {
 }
 
 impl Voucher {
+    /// Where the window puts the voucher at `now`.
+    pub fn phase(&self, now: DateTime<Utc>) -> Phase {
+        if now < self.starts_at {
+            Phase::Scheduled
+        } else if now < self.ends_at {
+            Phase::Live
+        } else {
+            Phase::Ended
+        }
+    }
+
     /// Whether an order of `order_amount` placed at `now` may use this voucher.
     /// The window is half-open: `startsAt <= now < endsAt`.
     pub fn check_eligible(
@@ -190,7 +370,97 @@ mod tests {
             ends_at: now + Duration::hours(1),
             mode: VoucherMode::Standard,
             created_at: now,
+            state: VoucherState::Active,
+            version: 1,
+            updated_at: now,
         }
+    }
+
+    fn refused_field(result: Result<Voucher, ChangeRefused>) -> (bool, String) {
+        match result {
+            Ok(_) => panic!("the change must be refused"),
+            Err(ChangeRefused::NotAllowed(e)) => (true, e.field.into_owned()),
+            Err(ChangeRefused::Invalid(e)) => (false, e.field.into_owned()),
+        }
+    }
+
+    #[test]
+    fn a_change_follows_the_lifecycle_rules() {
+        let v = voucher(0);
+        let now = Utc::now();
+        let later = now + Duration::hours(5);
+        // The end moves while live; the limit goes up, or down to the uses held.
+        let moved = VoucherChange {
+            ends_at: Some(later),
+            total_limit: Some(4),
+            ..VoucherChange::default()
+        }
+        .apply(&v, now, 4)
+        .expect("allowed while live");
+        assert_eq!((moved.ends_at, moved.total_limit), (later, 4));
+        let below = VoucherChange {
+            total_limit: Some(3),
+            ..VoucherChange::default()
+        };
+        assert_eq!(
+            refused_field(below.apply(&v, now, 4)),
+            (true, "totalLimit".into())
+        );
+        // Terms and the start only before the start.
+        for change in [
+            VoucherChange {
+                discount_amount: Some(Money::from_db(5)),
+                ..VoucherChange::default()
+            },
+            VoucherChange {
+                min_order_amount: Some(Money::from_db(5)),
+                ..VoucherChange::default()
+            },
+            VoucherChange {
+                starts_at: Some(now - Duration::minutes(5)),
+                ..VoucherChange::default()
+            },
+        ] {
+            assert!(refused_field(change.apply(&v, now, 0)).0, "{change:?}");
+            let early = v.starts_at - Duration::seconds(1);
+            assert!(
+                change.apply(&v, early, 0).is_ok(),
+                "{change:?} before the start"
+            );
+        }
+        // A window out of order is invalid whatever the voucher.
+        let backwards = VoucherChange {
+            ends_at: Some(v.starts_at),
+            ..VoucherChange::default()
+        };
+        assert_eq!(
+            refused_field(backwards.apply(&v, now, 0)),
+            (false, "endsAt".into())
+        );
+        // Nothing changes an archived voucher.
+        let archived = Voucher {
+            state: VoucherState::Archived,
+            ..v.clone()
+        };
+        let longer = VoucherChange {
+            ends_at: Some(later),
+            ..VoucherChange::default()
+        };
+        assert_eq!(
+            refused_field(longer.apply(&archived, now, 0)),
+            (true, "state".into())
+        );
+    }
+
+    #[test]
+    fn the_phase_follows_the_half_open_window() {
+        let v = voucher(0);
+        assert_eq!(
+            v.phase(v.starts_at - Duration::milliseconds(1)),
+            Phase::Scheduled
+        );
+        assert_eq!(v.phase(v.starts_at), Phase::Live);
+        assert_eq!(v.phase(v.ends_at), Phase::Ended);
     }
 
     #[test]

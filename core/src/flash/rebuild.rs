@@ -165,10 +165,9 @@ impl FlashPath {
             LoadStart::AlreadyLoaded => return Ok(Rebuild::AlreadyLoaded),
             LoadStart::Superseded => return Ok(Rebuild::Superseded),
         }
-        let mut read = store
-            .read_gate(&voucher.code, voucher.total_limit, generation)
-            .await?;
+        let mut read = store.read_gate(&voucher.code, generation).await?;
         let remaining = read.remaining;
+        let definition = read.voucher.clone();
         let mut filled = true;
         {
             let mut rows = read.reservations().try_chunks(CHUNK);
@@ -203,10 +202,15 @@ impl FlashPath {
         if !filled || store.gate_generation(&voucher.code).await? != loading.generation() {
             return Ok(Rebuild::Superseded);
         }
-        if gate.open_load(&loading, remaining).await? {
-            Ok(Rebuild::Loaded)
-        } else {
-            Ok(Rebuild::Superseded)
+        if !gate.open_load(&loading, &definition, remaining).await? {
+            return Ok(Rebuild::Superseded);
         }
+        // An operator's change committed after the read found no open gate to amend: the
+        // gate takes it now (only a newer version is taken), not a reconciliation later.
+        let latest = store.voucher(&voucher.code).await?;
+        if latest.version > definition.version {
+            gate.amend(&latest).await?;
+        }
+        Ok(Rebuild::Loaded)
     }
 }

@@ -34,7 +34,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
-use super::gate::{GateSnapshot, GiveBack, RecordState, ReleaseOutcome, CHUNK};
+use super::gate::{Amended, GateSnapshot, GiveBack, RecordState, ReleaseOutcome, CHUNK};
 use super::FlashPath;
 use crate::config::FlashSettings;
 use crate::domain::{utc_from_millis, OrderId, ReservationStatus, Voucher, VoucherCode};
@@ -177,6 +177,11 @@ impl Reconciler {
         self.export_only(&vouchers);
         let mut snapshots = Vec::with_capacity(vouchers.len());
         for v in &vouchers {
+            // A change an operator committed whose gate amend was lost (its core died, or
+            // Redis was away then) reaches the gate here; only a newer version is taken.
+            if self.flash.gate().amend(v).await? == Amended::Amended {
+                tracing::warn!(code = %v.code, version = v.version, "gate was behind the voucher's definition; amended");
+            }
             snapshots.push(self.flash.gate().snapshot(&v.code).await?);
         }
         let caught_up = self
@@ -308,7 +313,8 @@ impl Reconciler {
         // Uses the gate should count as of the snapshot: active rows reserved by then, and
         // the orders still in flight (holding, no row yet, not given back). When the
         // snapshot could not hold every unsettled order, the count is not checked this round.
-        let gate_used = i64::from(voucher.total_limit) - remaining;
+        // The gate's own limit: a change of the limit moved it and remaining together.
+        let gate_used = snapshot.total_limit - remaining;
         let drift = gate_used - view.active_by - in_flight;
         // A shortfall is repaired once two rounds in a row found one, by the smaller of the
         // two: a stale gate stays short, while a shortfall made by a race between this
@@ -351,7 +357,7 @@ impl Reconciler {
             .await?;
         remaining += report.repaired_surplus;
         report.repaired_customers = self.repair_customers(voucher, &mut cursors).await?;
-        report.drift = i64::from(voucher.total_limit) - remaining - view.active_by - in_flight;
+        report.drift = snapshot.total_limit - remaining - view.active_by - in_flight;
         if report.drift != 0 && snapshot.is_complete() {
             tracing::warn!(%code, drift = report.drift, "gate counts more uses than PostgreSQL and the reservations in flight");
         }

@@ -50,10 +50,15 @@ impl FlashPath {
                 // The gate knows no record of this order (it may have lost it: restored from
                 // an older snapshot). A row in PostgreSQL is still the answer to a retry,
                 // before any refusal that a retry of a served order can meet: sold out,
-                // the customer's limit reached, the sale over. (No order exists before the
-                // start, and a retry's amount met the minimum the first time.)
+                // the customer's limit reached, the sale over, the voucher paused or
+                // archived. (No order exists before the start, and a retry's amount met
+                // the minimum the first time.)
                 GateDecision::Refused(
-                    refusal @ (Refusal::OutOfStock | Refusal::AlreadyUsed | Refusal::Expired),
+                    refusal @ (Refusal::OutOfStock
+                    | Refusal::AlreadyUsed
+                    | Refusal::Expired
+                    | Refusal::Paused
+                    | Refusal::Archived),
                 ) => {
                     let row = self.inner.lookups.find(&request.order_id).await?;
                     return match row {
@@ -330,12 +335,18 @@ impl FlashPath {
                 }
             }
             Recorded::Refused(reason) => {
-                tracing::warn!(
-                    code = %request.voucher_code,
-                    order_id = %request.order_id,
-                    reason,
-                    "the gate let through a use PostgreSQL refuses"
-                );
+                // A pause committed before the gate took it (its amend follows the commit)
+                // is expected, briefly; any other refusal is the gate being wrong.
+                if reason.starts_with("voucher_") {
+                    tracing::info!(code = %request.voucher_code, order_id = %request.order_id, reason, "use refused by the voucher's state in PostgreSQL");
+                } else {
+                    tracing::warn!(
+                        code = %request.voucher_code,
+                        order_id = %request.order_id,
+                        reason,
+                        "the gate let through a use PostgreSQL refuses"
+                    );
+                }
                 self.forget_refused(&request.voucher_code, &request.order_id)
                     .await?;
                 Err(crate::error::constraint_error(&reason)

@@ -24,7 +24,7 @@ pub struct Access {
 /// Middleware: takes the request's id (the edge's, or a client's valid one) or makes one,
 /// runs the request in a span that carries it, echoes it on the answer and writes the
 /// access log line.
-pub async fn track(access: Access, request: Request, next: Next) -> Response {
+pub async fn track(access: Access, mut request: Request, next: Next) -> Response {
     let started = Instant::now();
     let id = match request.headers().get(REQUEST_ID) {
         Some(value) if valid_request_id(value.as_bytes()) => value.clone(),
@@ -33,6 +33,8 @@ pub async fn track(access: Access, request: Request, next: Next) -> Response {
             HeaderValue::from_str(&access.ids.next()).unwrap_or(HeaderValue::from_static("unknown"))
         }
     };
+    // The handlers see the id the request is known by (the audit trail keeps it).
+    request.headers_mut().insert(REQUEST_ID, id.clone());
     // The route's template (bounded; shared, not copied).
     let route = request.extensions().get::<MatchedPath>().cloned();
     let span = tracing::info_span!(

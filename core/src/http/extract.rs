@@ -1,9 +1,9 @@
 //! Extractors whose rejections speak the API's error format instead of axum's plain text.
 
 use axum::body::Bytes;
-use axum::extract::rejection::PathRejection;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
-use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, IF_MATCH};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
 use secrecy::{ExposeSecret, SecretString};
@@ -11,8 +11,11 @@ use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use voucher_contract::headers::REQUEST_ID;
+
 use super::AppState;
 use crate::domain::FieldError;
+use crate::store::Actor;
 use crate::Error;
 
 /// A JSON body. Refuses a missing or wrong Content-Type (415), a body over the limit
@@ -102,6 +105,23 @@ fn field_error(path: &str, message: &str) -> FieldError {
     FieldError::new(field, reason)
 }
 
+/// Query parameters, with the API's error format on rejection (an unknown one included).
+#[derive(FromRequestParts)]
+#[from_request(via(axum::extract::Query), rejection(Error))]
+pub struct ApiQuery<T>(pub T);
+
+impl From<QueryRejection> for Error {
+    fn from(rejection: QueryRejection) -> Self {
+        let text = rejection.body_text();
+        let reason = text
+            .strip_prefix("Failed to deserialize query string: ")
+            .unwrap_or(&text)
+            .to_owned();
+        let field = reason.split('`').nth(1).unwrap_or("query").to_owned();
+        Error::InvalidRequest(FieldError::new(field, reason))
+    }
+}
+
 /// Path parameters, with the API's error format on rejection.
 #[derive(FromRequestParts)]
 #[from_request(via(axum::extract::Path), rejection(Error))]
@@ -149,8 +169,12 @@ fn authorize(parts: &Parts, tokens: &[&SecretString]) -> Result<(), Error> {
 }
 
 /// Proof that the request carries the admin bearer token (an empty configured token
-/// disables admin calls altogether).
-pub struct Admin;
+/// disables admin calls altogether), and who it is for the audit trail: the credential's
+/// name and the request's id.
+pub struct Admin(pub Actor);
+
+/// The name the audit trail gives the admin token.
+pub const ADMIN_TOKEN_NAME: &str = "admin";
 
 impl FromRequestParts<AppState> for Admin {
     type Rejection = Error;
@@ -159,8 +183,55 @@ impl FromRequestParts<AppState> for Admin {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        authorize(parts, &[&state.admin_token]).map(|()| Admin)
+        authorize(parts, &[&state.admin_token])?;
+        // Set by the access middleware on every request (the edge's, a client's, or made).
+        let request_id = parts
+            .headers
+            .get(REQUEST_ID)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        Ok(Admin(Actor {
+            name: ADMIN_TOKEN_NAME.to_owned(),
+            request_id,
+        }))
     }
+}
+
+/// The version a change names (`If-Match: "7"`, the voucher's `ETag`); `None` without the
+/// header or with `*` (any version).
+pub struct IfMatch(pub Option<i64>);
+
+impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let Some(value) = parts.headers.get(IF_MATCH) else {
+            return Ok(IfMatch(None));
+        };
+        let invalid = || {
+            Error::InvalidRequest(FieldError::new(
+                "If-Match",
+                "must be the voucher's ETag, as GET returned it (\"7\")",
+            ))
+        };
+        let raw = value.to_str().map_err(|_| invalid())?.trim();
+        if raw == "*" {
+            return Ok(IfMatch(None));
+        }
+        let tag = raw.strip_prefix("W/").unwrap_or(raw);
+        let version = tag
+            .strip_prefix('"')
+            .and_then(|t| t.strip_suffix('"'))
+            .and_then(|t| t.parse::<i64>().ok())
+            .filter(|v| *v > 0)
+            .ok_or_else(invalid)?;
+        Ok(IfMatch(Some(version)))
+    }
+}
+
+/// A voucher's `ETag` for `version`.
+pub fn etag(version: i64) -> String {
+    format!("\"{version}\"")
 }
 
 /// Proof that the request may read order lists: the admin token, or the orders token (the

@@ -7,6 +7,7 @@
 mod access;
 pub mod extract;
 mod health;
+mod lifecycle;
 pub mod openapi;
 pub mod reservations;
 mod vouchers;
@@ -56,7 +57,7 @@ pub struct ErrorBody {
     error: String,
     /// Human-readable text; may change.
     message: String,
-    /// For INVALID_REQUEST: the field at fault.
+    /// For INVALID_REQUEST and CHANGE_NOT_ALLOWED: the field at fault.
     #[schema(nullable = false)]
     field: Option<String>,
     /// For NOT_ELIGIBLE: NOT_STARTED, EXPIRED or BELOW_MIN_ORDER.
@@ -74,6 +75,7 @@ pub struct ErrorBody {
     modifiers(&AdminAuth),
     tags(
         (name = "vouchers", description = "Voucher definitions and counts"),
+        (name = "lifecycle", description = "Listing, changing, pausing, resuming and archiving vouchers, and their audit trail (admin)"),
         (name = "reservations", description = "Uses of a voucher held for orders"),
         (name = "health", description = "Liveness and readiness"),
     )
@@ -106,8 +108,12 @@ pub fn api_router(
     access_log: bool,
 ) -> (Router, OpenApiDoc) {
     let (router, doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
-        .routes(routes!(vouchers::create_voucher))
-        .routes(routes!(vouchers::get_voucher))
+        .routes(routes!(vouchers::create_voucher, lifecycle::list_vouchers))
+        .routes(routes!(vouchers::get_voucher, lifecycle::change_voucher))
+        .routes(routes!(lifecycle::pause_voucher))
+        .routes(routes!(lifecycle::resume_voucher))
+        .routes(routes!(lifecycle::archive_voucher))
+        .routes(routes!(lifecycle::voucher_audit))
         .routes(routes!(vouchers::reload_gate))
         .routes(routes!(vouchers::order_ids))
         .routes(routes!(vouchers::order_filter))

@@ -1,18 +1,19 @@
 //! `POST /vouchers` (admin) and `GET /vouchers/{code}`.
 
 use axum::extract::State;
-use axum::http::header::CONTENT_TYPE;
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::header::{CONTENT_TYPE, ETAG};
+use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::extract::{Admin, ApiJson, ApiPath, OrdersReader};
+use super::extract::{etag, Admin, ApiJson, ApiPath, OrdersReader};
 use super::{AppState, ErrorBody};
 use crate::domain::{Money, NewVoucher, Voucher, VoucherCode, VoucherMode, VoucherStats};
 use crate::Result;
+use voucher_contract::headers::VOUCHER_STATE;
 
 /// A voucher to create.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -65,11 +66,22 @@ impl CreateVoucher {
     }
 }
 
-/// A voucher with its live counts.
+/// A voucher with its live counts. Its `version` is also the answer's `ETag`, which a
+/// change names in `If-Match`.
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct VoucherView {
     code: String,
+    /// `active`, `paused` or `archived`: what an operator set.
+    #[schema(example = "active", pattern = "^(active|paused|archived)$")]
+    state: &'static str,
+    /// `scheduled`, `live` or `ended`: where the window puts the voucher now.
+    #[schema(example = "live", pattern = "^(scheduled|live|ended)$")]
+    phase: &'static str,
+    /// Grows by one with every change.
+    #[schema(example = 1, minimum = 1)]
+    version: i64,
+    updated_at: DateTime<Utc>,
     discount_amount: i64,
     min_order_amount: i64,
     total_limit: i32,
@@ -90,9 +102,13 @@ pub struct VoucherView {
 }
 
 impl VoucherView {
-    fn new(v: Voucher, stats: VoucherStats) -> Self {
+    pub(super) fn new(v: Voucher, stats: VoucherStats) -> Self {
         Self {
             remaining: v.total_limit - stats.used_count,
+            state: v.state.as_str(),
+            phase: v.phase(Utc::now()).as_str(),
+            version: v.version,
+            updated_at: v.updated_at,
             code: v.code.to_string(),
             discount_amount: v.discount_amount.minor_units(),
             min_order_amount: v.min_order_amount.minor_units(),
@@ -116,7 +132,8 @@ impl VoucherView {
     request_body = CreateVoucher,
     security(("admin" = [])),
     responses(
-        (status = 201, description = "Created", body = VoucherView),
+        (status = 201, description = "Created", body = VoucherView,
+            headers(("ETag" = String, description = "The voucher's version, for If-Match"))),
         (status = 400, description = "INVALID_REQUEST (with `field`) or MALFORMED_JSON", body = ErrorBody),
         (status = 401, description = "UNAUTHORIZED: no bearer token", body = ErrorBody),
         (status = 403, description = "FORBIDDEN: wrong bearer token", body = ErrorBody),
@@ -129,17 +146,21 @@ impl VoucherView {
 #[tracing::instrument(name = "create_voucher", skip_all)]
 pub async fn create_voucher(
     State(state): State<AppState>,
-    _admin: Admin,
+    Admin(actor): Admin,
     ApiJson(body): ApiJson<CreateVoucher>,
-) -> Result<(StatusCode, Json<VoucherView>)> {
-    let voucher = state.service.create(body.parse()?).await?;
+) -> Result<(StatusCode, [(HeaderName, String); 1], Json<VoucherView>)> {
+    let voucher = state.service.create(body.parse()?, &actor).await?;
     let stats = VoucherStats {
         used_count: 0,
         reserved: 0,
         confirmed: 0,
         gate_remaining: None,
     };
-    Ok((StatusCode::CREATED, Json(VoucherView::new(voucher, stats))))
+    Ok((
+        StatusCode::CREATED,
+        [(ETAG, etag(voucher.version))],
+        Json(VoucherView::new(voucher, stats)),
+    ))
 }
 
 /// A voucher with its counts.
@@ -147,7 +168,8 @@ pub async fn create_voucher(
     get, path = "/vouchers/{code}", tag = "vouchers",
     params(("code" = String, Path)),
     responses(
-        (status = 200, description = "The voucher", body = VoucherView),
+        (status = 200, description = "The voucher", body = VoucherView,
+            headers(("ETag" = String, description = "The voucher's version, for If-Match"))),
         (status = 400, description = "INVALID_REQUEST: malformed code", body = ErrorBody),
         (status = 404, description = "VOUCHER_NOT_FOUND", body = ErrorBody),
         (status = 503, description = "SERVICE_UNAVAILABLE, with Retry-After", body = ErrorBody),
@@ -157,10 +179,13 @@ pub async fn create_voucher(
 pub async fn get_voucher(
     State(state): State<AppState>,
     ApiPath(code): ApiPath<String>,
-) -> Result<Json<VoucherView>> {
+) -> Result<([(HeaderName, String); 1], Json<VoucherView>)> {
     let code = VoucherCode::parse(code)?;
     let (voucher, stats) = state.service.get(&code).await?;
-    Ok(Json(VoucherView::new(voucher, stats)))
+    Ok((
+        [(ETAG, etag(voucher.version))],
+        Json(VoucherView::new(voucher, stats)),
+    ))
 }
 
 /// The answer to a gate reload.
@@ -202,11 +227,11 @@ pub struct OrderIds {
 #[tracing::instrument(name = "reload_gate", skip_all, fields(code = %code))]
 pub async fn reload_gate(
     State(state): State<AppState>,
-    _admin: Admin,
+    Admin(actor): Admin,
     ApiPath(code): ApiPath<String>,
 ) -> Result<(StatusCode, Json<GateReload>)> {
     let code = VoucherCode::parse(code)?;
-    state.service.reload_gate(&code).await?;
+    state.service.reload_gate(&code, &actor).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(GateReload {
@@ -257,7 +282,10 @@ pub async fn order_ids(
     responses(
         (status = 200, description = "The filter (`VGOF` version 1: hashes, uses left, bits, \
             then the bits as little-endian 64-bit words)", content_type = "application/octet-stream",
-            body = Vec<u8>),
+            body = Vec<u8>,
+            headers(("x-voucher-state" = String, description = "The voucher's state as read \
+                with the filter (`active`, `paused`, `archived`): whether its answer is \
+                OUT_OF_STOCK or VOUCHER_PAUSED (VOUCHER_ARCHIVED)"))),
         (status = 400, description = "INVALID_REQUEST", body = ErrorBody),
         (status = 401, description = "UNAUTHORIZED", body = ErrorBody),
         (status = 403, description = "FORBIDDEN", body = ErrorBody),
@@ -272,12 +300,18 @@ pub async fn order_filter(
     ApiPath(code): ApiPath<String>,
 ) -> Result<Response> {
     let code = VoucherCode::parse(code)?;
-    let filter = state.service.order_filter(&code).await?;
+    let (filter, voucher_state) = state.service.order_filter(&code).await?;
     Ok((
-        [(
-            CONTENT_TYPE,
-            HeaderValue::from_static("application/octet-stream"),
-        )],
+        [
+            (
+                CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            ),
+            (
+                HeaderName::from_static(VOUCHER_STATE),
+                HeaderValue::from_static(voucher_state.as_str()),
+            ),
+        ],
         filter.encode(),
     )
         .into_response())

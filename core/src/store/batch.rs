@@ -13,7 +13,7 @@ use sqlx::{Connection, PgConnection, Postgres};
 
 use super::partitions::{store_offset, PartitionKey};
 use super::reservations::{RedemptionRow, REDEMPTION_COLUMNS};
-use crate::domain::Reservation;
+use crate::domain::{Money, Reservation};
 use crate::Result;
 
 impl super::Store {
@@ -81,7 +81,7 @@ impl DecidedWriter {
         batch: &[Reservation],
         generations: &[i64],
     ) -> Result<Recording> {
-        self.write(batch, generations, Terms::Decided).await
+        self.write(batch, generations, Terms::Gated).await
     }
 
     /// Decides and records a batch of standard-mode reservations, on PostgreSQL's clock:
@@ -502,7 +502,7 @@ async fn admit(
 ) -> Result<Admitted, sqlx::Error> {
     let text = |f: fn(&Reservation) -> &str| batch.iter().map(f).collect::<Vec<_>>();
     let (times, ttl): (Vec<Option<Stay>>, _) = match terms {
-        Terms::Decided => (
+        Terms::Decided | Terms::Gated => (
             batch
                 .iter()
                 .map(|r| Some((r.reserved_at, r.expires_at)))
@@ -538,6 +538,7 @@ async fn admit(
         .bind(ttl);
     let rows = query
         .bind(matches!(terms, Terms::Standard { .. }))
+        .bind(!matches!(terms, Terms::Decided))
         .fetch_all(conn)
         .await?;
     let mut admitted = Admitted::default();
@@ -545,11 +546,13 @@ async fn admit(
         match row {
             AdmitRow {
                 order_id: Some(order_id),
+                discount_amount: Some(discount_amount),
                 reserved_at: Some(reserved_at),
                 expires_at: Some(expires_at),
                 ..
             } => admitted.inserted.push(Written {
                 order_id,
+                discount_amount: Money::from_db(discount_amount),
                 reserved_at,
                 expires_at,
             }),
@@ -583,7 +586,7 @@ macro_rules! voucher_cte {
     () => {
         "voucher AS (
      SELECT code, used_count, total_limit, per_user_limit, gate_generation,
-            min_order_amount, now() < starts_at AS early, now() >= ends_at AS late
+            min_order_amount, discount_amount, state, now() < starts_at AS early, now() >= ends_at AS late
      FROM vouchers WHERE code = ANY($9::text[])
      ORDER BY code COLLATE \"C\"
      FOR NO KEY UPDATE
@@ -623,7 +626,9 @@ macro_rules! count_ctes {
 /// which also answers a refused order from its row if it has one). The cheapest
 /// statement that can write a batch: no ranking, no lookup before the insert.
 /// Parameters: the batch's columns ($1-$8), its vouchers ($9), the TTL of rows without
-/// times ($10), whether the standard terms' checks apply ($11).
+/// times ($10), whether the standard terms' checks apply ($11), whether the voucher's state
+/// is checked ($12: `voucher_paused`, `voucher_archived`, after a repeat is recognised and
+/// before the window).
 const OPTIMISTIC: &str = concat!(
     "WITH input AS (
      SELECT u.*
@@ -636,10 +641,11 @@ const OPTIMISTIC: &str = concat!(
  ",
     voucher_cte!(),
     "candidate AS (
-     SELECT i.*,
+     SELECT i.*, v.discount_amount AS voucher_discount,
             CASE
                 WHEN v.code IS NULL THEN 'redemptions_voucher_fkey'
                 WHEN i.generation <> 0 AND i.generation <> v.gate_generation THEN 'stale'
+                WHEN $12 AND v.state <> 'active' THEN 'voucher_' || v.state
                 WHEN $11 AND v.early THEN 'not_started'
                 WHEN $11 AND v.late THEN 'expired'
                 WHEN $11 AND i.order_amount < v.min_order_amount THEN 'below_min_order'
@@ -650,19 +656,21 @@ const OPTIMISTIC: &str = concat!(
  inserted AS (
      INSERT INTO redemptions (voucher_code, customer_id, order_id, order_amount,
                               discount_amount, reserved_at, expires_at)
-     SELECT voucher_code, customer_id, order_id, order_amount, discount_amount,
+     SELECT voucher_code, customer_id, order_id, order_amount,
+            CASE WHEN $11 THEN least(voucher_discount, order_amount) ELSE discount_amount END,
             coalesce(reserved_at, now()), coalesce(expires_at, now() + $10::interval)
      FROM candidate WHERE verdict IS NULL
      ORDER BY order_id
      ON CONFLICT (order_id) DO NOTHING
-     RETURNING voucher_code, customer_id, order_id, reserved_at, expires_at
+     RETURNING voucher_code, customer_id, order_id, discount_amount, reserved_at, expires_at
  ),
  ",
     count_ctes!(),
-    " SELECT order_id, reserved_at, expires_at, NULL::int8 AS idx, NULL::text AS verdict
+    " SELECT order_id, discount_amount, reserved_at, expires_at, NULL::int8 AS idx,
+        NULL::text AS verdict
  FROM inserted
  UNION ALL
- SELECT NULL, NULL, NULL, idx, verdict FROM candidate WHERE verdict IS NOT NULL"
+ SELECT NULL, NULL, NULL, NULL, idx, verdict FROM candidate WHERE verdict IS NOT NULL"
 );
 
 /// [`admit`] deciding each reservation (see there); the parameters of [`OPTIMISTIC`].
@@ -686,6 +694,7 @@ const RANKED: &str = concat!(
  ),
  candidate AS (
      SELECT i.*, v.used_count, v.total_limit, v.per_user_limit,
+            v.discount_amount AS voucher_discount,
             coalesce(h.active_count, 0) AS active_count,
             CASE
                 WHEN v.code IS NULL THEN 'redemptions_voucher_fkey'
@@ -694,6 +703,7 @@ const RANKED: &str = concat!(
                 WHEN i.nth_of_order > 1
                   OR EXISTS (SELECT 1 FROM redemptions r WHERE r.order_id = i.order_id)
                     THEN 'known'
+                WHEN $12 AND v.state <> 'active' THEN 'voucher_' || v.state
                 WHEN $11 AND v.early THEN 'not_started'
                 WHEN $11 AND v.late THEN 'expired'
                 WHEN $11 AND i.order_amount < v.min_order_amount
@@ -720,24 +730,26 @@ const RANKED: &str = concat!(
  inserted AS (
      INSERT INTO redemptions (voucher_code, customer_id, order_id, order_amount,
                               discount_amount, reserved_at, expires_at)
-     SELECT voucher_code, customer_id, order_id, order_amount, discount_amount,
+     SELECT voucher_code, customer_id, order_id, order_amount,
+            CASE WHEN $11 THEN least(voucher_discount, order_amount) ELSE discount_amount END,
             coalesce(reserved_at, now()), coalesce(expires_at, now() + $10::interval)
      FROM by_voucher WHERE voucher_uses <= total_limit
      ORDER BY order_id
      ON CONFLICT (order_id) DO NOTHING
-     RETURNING voucher_code, customer_id, order_id, reserved_at, expires_at
+     RETURNING voucher_code, customer_id, order_id, discount_amount, reserved_at, expires_at
  ),
  ",
     count_ctes!(),
-    "SELECT order_id, reserved_at, expires_at, NULL::int8 AS idx, NULL::text AS verdict
+    "SELECT order_id, discount_amount, reserved_at, expires_at, NULL::int8 AS idx,
+        NULL::text AS verdict
  FROM inserted
  UNION ALL
- SELECT NULL, NULL, NULL, idx, verdict FROM candidate WHERE verdict <> 'known'
+ SELECT NULL, NULL, NULL, NULL, idx, verdict FROM candidate WHERE verdict <> 'known'
  UNION ALL
- SELECT NULL, NULL, NULL, idx, 'customer_usage_within_limit' FROM by_customer
+ SELECT NULL, NULL, NULL, NULL, idx, 'customer_usage_within_limit' FROM by_customer
  WHERE customer_uses > per_user_limit
  UNION ALL
- SELECT NULL, NULL, NULL, idx, 'vouchers_used_within_limit' FROM by_voucher
+ SELECT NULL, NULL, NULL, NULL, idx, 'vouchers_used_within_limit' FROM by_voucher
  WHERE voucher_uses > total_limit"
 );
 
@@ -745,6 +757,7 @@ const RANKED: &str = concat!(
 #[derive(sqlx::FromRow)]
 struct AdmitRow {
     order_id: Option<String>,
+    discount_amount: Option<i64>,
     reserved_at: Option<DateTime<Utc>>,
     expires_at: Option<DateTime<Utc>>,
     idx: Option<i64>,
@@ -764,6 +777,9 @@ struct Admitted {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Written {
     pub order_id: String,
+    /// As stored: on the standard terms, the voucher's discount as its row held it when
+    /// the use was taken (never more than the order).
+    pub discount_amount: Money,
     pub reserved_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
 }
@@ -781,12 +797,19 @@ pub(super) enum Ranking {
 /// On what terms a batch is admitted.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Terms {
-    /// Decided before (by a flash gate): the reservations' own times are stored, and the
-    /// sale window and minimum, which the gate checked, are not checked again.
+    /// Decided before and acknowledged (the broker's events, with the broker deciding): the
+    /// reservations' own times are stored, and nothing the gate checked (the window, the
+    /// minimum, the voucher's state) is checked again; a 201 was given for each.
     Decided,
+    /// Taken by a flash gate, with PostgreSQL deciding (the recorder): as [`Terms::Decided`],
+    /// but a voucher paused or archived since refuses the use (`voucher_paused`,
+    /// `voucher_archived`): no client has a 201 for it yet, and a pause committed must hold
+    /// for every commit after it, whatever a gate that has not heard of it decided.
+    Gated,
     /// Standard mode, decided here: PostgreSQL's clock reserves (`now()`, expiring `ttl`
-    /// later; the reservations' own times are ignored), and the window and the minimum
-    /// order are checked (`not_started`, `expired`, `below_min_order`) after a repeat is
+    /// later; the reservations' own times are ignored), the discount is the voucher row's
+    /// (never more than the order; the reservations' own, from a cached definition, is
+    /// ignored), and the window and the minimum order are checked (`not_started`, `expired`, `below_min_order`) after a repeat is
     /// recognised, before any limit.
     Standard { ttl: chrono::Duration },
 }

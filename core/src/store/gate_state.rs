@@ -17,8 +17,9 @@ use futures::stream::{BoxStream, StreamExt, TryStreamExt};
 use sqlx::{Postgres, Transaction};
 
 use super::reservations::RedemptionRow;
+use super::vouchers::{VoucherRow, VOUCHER_COLUMNS};
 use super::Store;
-use crate::domain::{Reservation, VoucherCode};
+use crate::domain::{Reservation, Voucher, VoucherCode};
 use crate::{Error, Result};
 
 /// A voucher read for loading its gate: one consistent snapshot, open until [`finish`].
@@ -31,6 +32,8 @@ pub struct GateRead {
     pub generation: i64,
     /// Uses left as of this read.
     pub remaining: i64,
+    /// The voucher's definition as of this read: what the gate opens with.
+    pub voucher: Voucher,
 }
 
 impl GateRead {
@@ -124,12 +127,7 @@ impl Store {
     /// Starts reading `code`'s gate state for a load of `generation` (taken before with
     /// [`Store::next_gate_generation`]), in one REPEATABLE READ snapshot.
     #[tracing::instrument(name = "db.read_gate", skip(self))]
-    pub async fn read_gate(
-        &self,
-        code: &VoucherCode,
-        total_limit: i32,
-        generation: i64,
-    ) -> Result<GateRead> {
+    pub async fn read_gate(&self, code: &VoucherCode, generation: i64) -> Result<GateRead> {
         let mut tx = self.pool().begin().await?;
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
             .execute(&mut *tx)
@@ -139,17 +137,26 @@ impl Store {
         sqlx::query("SET LOCAL idle_in_transaction_session_timeout = 0")
             .execute(&mut *tx)
             .await?;
-        let used: Option<i32> =
-            sqlx::query_scalar("SELECT used_count FROM vouchers WHERE code = $1")
-                .bind(code.as_str())
-                .fetch_optional(&mut *tx)
-                .await?;
-        let used = used.ok_or(Error::VoucherNotFound)?;
+        #[derive(sqlx::FromRow)]
+        struct Row {
+            #[sqlx(flatten)]
+            voucher: VoucherRow,
+            used_count: i32,
+        }
+        let row: Option<Row> = sqlx::query_as(&format!(
+            "SELECT {VOUCHER_COLUMNS}, v.used_count FROM vouchers v WHERE v.code = $1"
+        ))
+        .bind(code.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
+        let row = row.ok_or(Error::VoucherNotFound)?;
+        let voucher: Voucher = row.voucher.try_into()?;
         Ok(GateRead {
             tx,
             code: code.as_str().to_owned(),
             generation,
-            remaining: i64::from(total_limit) - i64::from(used),
+            remaining: i64::from(voucher.total_limit) - i64::from(row.used_count),
+            voucher,
         })
     }
 

@@ -1,6 +1,8 @@
 //! PostgreSQL access: every SQL statement of the service lives under this module.
 //!
 //! - `vouchers`: create and read vouchers with their counts;
+//! - `lifecycle`: an operator's changes (definition, pause, resume, archive), each with its
+//!   audit row in the same transaction; the lists and the audit trail;
 //! - `reservations`: the standard-mode reservation transaction, confirm, release, reads;
 //! - `batch`: reservations decided by the flash gate, recorded many per transaction;
 //! - `partitions`: which core writes which event partition, and where each one is;
@@ -14,6 +16,7 @@
 mod batch;
 mod expiry;
 mod gate_state;
+mod lifecycle;
 mod partitions;
 mod reservations;
 mod vouchers;
@@ -24,6 +27,7 @@ use sqlx::PgPool;
 
 pub use batch::{BatchResult, DecidedWriter, Recording, Written};
 pub use gate_state::{GateRead, ReconcileView};
+pub use lifecycle::{Actor, AuditEvent, StateChange, VoucherFilter};
 pub use partitions::{OwnedPartition, PartitionKey};
 pub use reservations::ReserveOutcome;
 

@@ -1,8 +1,11 @@
 use chrono::{DateTime, Utc};
 use sqlx::FromRow;
 
+use super::lifecycle::Actor;
 use super::Store;
-use crate::domain::{Money, NewVoucher, Voucher, VoucherCode, VoucherMode, VoucherStats};
+use crate::domain::{
+    Money, NewVoucher, Voucher, VoucherCode, VoucherMode, VoucherState, VoucherStats,
+};
 use crate::{Error, Result};
 
 /// A `vouchers` row as stored.
@@ -17,6 +20,9 @@ pub(super) struct VoucherRow {
     pub ends_at: DateTime<Utc>,
     pub mode: String,
     pub created_at: DateTime<Utc>,
+    pub state: String,
+    pub version: i64,
+    pub updated_at: DateTime<Utc>,
 }
 
 impl TryFrom<VoucherRow> for Voucher {
@@ -34,17 +40,23 @@ impl TryFrom<VoucherRow> for Voucher {
             ends_at: row.ends_at,
             mode: VoucherMode::parse(&row.mode).map_err(|_| corrupt("mode"))?,
             created_at: row.created_at,
+            state: VoucherState::parse(&row.state).map_err(|_| corrupt("state"))?,
+            version: row.version,
+            updated_at: row.updated_at,
         })
     }
 }
 
 pub(super) const VOUCHER_COLUMNS: &str = "v.code, v.discount_amount, v.min_order_amount, \
-     v.total_limit, v.per_user_limit, v.starts_at, v.ends_at, v.mode, v.created_at";
+     v.total_limit, v.per_user_limit, v.starts_at, v.ends_at, v.mode, v.created_at, v.state, \
+     v.version, v.updated_at";
 
 impl Store {
-    /// Creates a voucher; `VoucherExists` when the code is taken.
+    /// Creates a voucher, with its audit row in the same transaction; `VoucherExists` when
+    /// the code is taken.
     #[tracing::instrument(skip_all, fields(code = %new.code))]
-    pub async fn create_voucher(&self, new: &NewVoucher) -> Result<Voucher> {
+    pub async fn create_voucher(&self, new: &NewVoucher, by: &Actor) -> Result<Voucher> {
+        let mut tx = self.pool().begin().await?;
         let row: Option<VoucherRow> = sqlx::query_as(&format!(
             "INSERT INTO vouchers AS v (code, discount_amount, min_order_amount, total_limit,
                                         per_user_limit, starts_at, ends_at, mode)
@@ -60,9 +72,12 @@ impl Store {
         .bind(new.starts_at)
         .bind(new.ends_at)
         .bind(new.mode.as_str())
-        .fetch_optional(self.pool())
+        .fetch_optional(&mut *tx)
         .await?;
-        row.ok_or(Error::VoucherExists)?.try_into()
+        let voucher: Voucher = row.ok_or(Error::VoucherExists)?.try_into()?;
+        super::lifecycle::audit(&mut tx, by, "create", None, &voucher).await?;
+        tx.commit().await?;
+        Ok(voucher)
     }
 
     /// A voucher's definition; `VoucherNotFound` when there is none.

@@ -548,6 +548,9 @@ async fn a_new_voucher_never_inherits_the_gate_keys_of_an_old_one() {
         ends_at: now + chrono::Duration::days(2),
         mode: VoucherMode::Flash,
         created_at: now - chrono::Duration::days(2),
+        state: voucher_core::domain::VoucherState::Active,
+        version: 1,
+        updated_at: now - chrono::Duration::days(2),
     };
     let sold_out = GateLoad {
         remaining: 0,

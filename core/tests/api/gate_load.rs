@@ -67,14 +67,14 @@ async fn an_older_load_never_opens_over_a_newer_one() {
     };
     let ghost = [("ghost-order".to_owned(), record)];
     assert!(!gate.fill_load(&older, &[], &ghost).await.expect("redis"));
-    assert!(!gate.open_load(&older, 9).await.expect("redis"));
+    assert!(!gate.open_load(&older, &voucher, 9).await.expect("redis"));
     assert_eq!(
         gate.remaining(&code).await.expect("redis"),
         None,
         "closed while loading"
     );
 
-    assert!(gate.open_load(&newer, 10).await.expect("redis"));
+    assert!(gate.open_load(&newer, &voucher, 10).await.expect("redis"));
     assert_eq!(gate.remaining(&code).await.expect("redis"), Some(10));
     let ids = gate.order_ids(&code).await.expect("redis").expect("loaded");
     assert!(ids.is_empty(), "nothing of the older load: {ids:?}");
@@ -104,7 +104,7 @@ async fn a_stalled_read_is_outdated_by_any_newer_load_even_after_redis_forgets()
     // the sale goes on; then Redis loses the gate again.
     let stalled_generation = store.next_gate_generation(&code).await.expect("db");
     let stalled = store
-        .read_gate(&code, voucher.total_limit, stalled_generation)
+        .read_gate(&code, stalled_generation)
         .await
         .expect("db");
     stalled.finish().await.expect("db");

@@ -11,6 +11,7 @@ mod flash;
 mod gate_load;
 mod grouped;
 mod input;
+mod lifecycle;
 mod managed;
 mod operations;
 mod replay;

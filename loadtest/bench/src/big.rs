@@ -72,6 +72,9 @@ async fn calls_alone(stack: &Stack, code: &str) -> anyhow::Result<String> {
         ends_at: now + chrono::Duration::days(1),
         mode: VoucherMode::Flash,
         created_at: now,
+        state: voucher_core::domain::VoucherState::Active,
+        version: 1,
+        updated_at: now,
     };
     let (_, loading) = gate.begin_load(&scratch, 1).await?;
     let mut fills = Vec::new();

@@ -44,6 +44,9 @@ impl Run {
                 ends_at: now + chrono::Duration::days(1),
                 mode: VoucherMode::Flash,
                 created_at: now,
+                state: voucher_core::domain::VoucherState::Active,
+                version: 1,
+                updated_at: now,
             };
             gate.load(
                 &voucher,

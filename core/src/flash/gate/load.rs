@@ -15,6 +15,17 @@ pub struct GateLoad {
     pub orders: Vec<(String, OrderRecord)>,
 }
 
+/// What [`Gate::amend`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Amended {
+    /// The gate took the definition.
+    Amended,
+    /// The gate had it, or a later one.
+    Current,
+    /// No gate of this voucher is open.
+    NotLoaded,
+}
+
 /// How the start of a load ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LoadStart {
@@ -111,10 +122,15 @@ impl Gate {
         Ok(filled == 1)
     }
 
-    /// Opens a filled gate with `remaining` uses, if its load is still the one under way.
-    /// The caller checks first that its generation is still the voucher's latest.
-    pub async fn open_load(&self, loading: &Loading<'_>, remaining: i64) -> Result<bool> {
-        let voucher = loading.voucher;
+    /// Opens a filled gate with `remaining` uses and the definition `voucher` (as the load's
+    /// read found it), if its load is still the one under way. The caller checks first
+    /// that its generation is still the voucher's latest.
+    pub async fn open_load(
+        &self,
+        loading: &Loading<'_>,
+        voucher: &Voucher,
+        remaining: i64,
+    ) -> Result<bool> {
         let k = self.keys(&voucher.code);
         let opened: i64 = self
             .scripts
@@ -132,6 +148,8 @@ impl Gate {
             .arg(voucher.discount_amount.minor_units())
             .arg(remaining)
             .arg(loading.generation)
+            .arg(voucher.version)
+            .arg(voucher.state.as_str())
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(redis_down)?;
@@ -157,7 +175,7 @@ impl Gate {
                 return Ok(false);
             }
         }
-        self.open_load(&loading, state.remaining).await
+        self.open_load(&loading, voucher, state.remaining).await
     }
 
     /// Claims every order of `orders` for `code` unless another voucher holds it: after a
@@ -197,6 +215,41 @@ impl Gate {
             .await
             .map_err(redis_down)?;
         Ok(raised == 1)
+    }
+
+    /// Hands the voucher's open gate its definition `voucher` if that is newer than the
+    /// gate's (`amend.lua`): the limit, window, terms and state change in one step, and the
+    /// edges hear of it. A gate not open takes nothing: the load that opens it reads the
+    /// definition then.
+    #[tracing::instrument(name = "gate.amend", skip(self, voucher), fields(code = %voucher.code, version = voucher.version))]
+    pub async fn amend(&self, voucher: &Voucher) -> Result<Amended> {
+        let k = self.keys(&voucher.code);
+        let outcome: String = self
+            .scripts
+            .amend
+            .key(&k.meta)
+            .key(&k.remaining)
+            .arg(identity(voucher))
+            .arg(voucher.version)
+            .arg(voucher.total_limit)
+            .arg(voucher.per_user_limit)
+            .arg(ms(voucher.starts_at))
+            .arg(ms(voucher.ends_at))
+            .arg(voucher.min_order_amount.minor_units())
+            .arg(voucher.discount_amount.minor_units())
+            .arg(voucher.state.as_str())
+            .arg(&self.channel)
+            .arg(&self.sold_out_channel)
+            .arg(voucher.code.as_str())
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_down)?;
+        match outcome.as_str() {
+            "AMENDED" => Ok(Amended::Amended),
+            "CURRENT" => Ok(Amended::Current),
+            "NOT_LOADED" => Ok(Amended::NotLoaded),
+            other => Err(Error::corrupt(format!("amend outcome {other:?}"))),
+        }
     }
 
     /// The generation of the voucher's open gate (`None` when it is not open).

@@ -22,7 +22,7 @@ mod scripts;
 
 use redis::aio::ConnectionManager;
 
-pub use load::{GateLoad, LoadStart, Loading};
+pub use load::{Amended, GateLoad, LoadStart, Loading};
 pub use reconcile::{GateSnapshot, SNAPSHOT_UNSETTLED_MAX};
 pub use record::{OrderRecord, RecordState};
 pub use reserve::{GateDecision, GiveBack, MarkAlso, Refusal, ReleaseOutcome};

@@ -15,6 +15,8 @@ pub struct GateSnapshot {
     /// When it was read, by Redis's clock (the clock of the records' times).
     pub at_ms: i64,
     pub remaining: i64,
+    /// The limit the gate holds with `remaining` (an operator's change moves both).
+    pub total_limit: i64,
     /// How many orders are unsettled (all of them, even beyond `unsettled`).
     pub unsettled_count: usize,
     /// The oldest unsettled orders with their latest publish start (ms, Redis's clock).
@@ -63,6 +65,7 @@ impl Gate {
         let remaining = number("remaining")?;
         let unsettled_count = usize::try_from(number("unsettled count")?)
             .map_err(|_| Error::corrupt("gate snapshot with a negative count"))?;
+        let total_limit = number("total limit")?;
         let mut unsettled = Vec::new();
         while let (Some(order), Some(score)) = (items.next(), items.next()) {
             let publish_ms = score
@@ -73,6 +76,7 @@ impl Gate {
         Ok(Some(GateSnapshot {
             at_ms,
             remaining,
+            total_limit,
             unsettled_count,
             unsettled,
         }))

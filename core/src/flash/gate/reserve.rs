@@ -26,6 +26,9 @@ pub enum Refusal {
     BelowMinOrder,
     OutOfStock,
     AlreadyUsed,
+    /// An operator paused the voucher (the gate holds its state, `amend.lua`).
+    Paused,
+    Archived,
 }
 
 /// A refusal is the same answer standard mode gives for the same reason.
@@ -37,6 +40,8 @@ impl From<Refusal> for Error {
             Refusal::BelowMinOrder => Error::NotEligible(Ineligibility::BelowMinOrder),
             Refusal::OutOfStock => Error::OutOfStock,
             Refusal::AlreadyUsed => Error::AlreadyUsed,
+            Refusal::Paused => Error::VoucherPaused,
+            Refusal::Archived => Error::VoucherArchived,
         }
     }
 }
@@ -126,6 +131,8 @@ impl Gate {
             "BELOW_MIN_ORDER" => GateDecision::Refused(Refusal::BelowMinOrder),
             "OUT_OF_STOCK" => GateDecision::Refused(Refusal::OutOfStock),
             "ALREADY_USED" => GateDecision::Refused(Refusal::AlreadyUsed),
+            "PAUSED" => GateDecision::Refused(Refusal::Paused),
+            "ARCHIVED" => GateDecision::Refused(Refusal::Archived),
             other => return Err(Error::corrupt(format!("gate outcome {other:?}"))),
         })
     }

@@ -26,7 +26,7 @@ macro_rules! lua {
 
 /// Every script of the gate, by family: the reserve path, loading and generations,
 /// reconciliation.
-pub const SCRIPT_SOURCES: [ScriptSource; 11] = [
+pub const SCRIPT_SOURCES: [ScriptSource; 12] = [
     lua!("reserve", "reserve/reserve.lua"),
     lua!("mark", "reserve/mark.lua"),
     lua!("release", "reserve/release.lua"),
@@ -35,6 +35,7 @@ pub const SCRIPT_SOURCES: [ScriptSource; 11] = [
     lua!("load_fill", "load/load_fill.lua"),
     lua!("load_open", "load/load_open.lua"),
     lua!("raise", "load/raise.lua"),
+    lua!("amend", "load/amend.lua"),
     lua!("snapshot", "reconcile/snapshot.lua"),
     lua!("counts", "reconcile/counts.lua"),
     lua!("adjust", "reconcile/adjust.lua"),
@@ -53,6 +54,7 @@ pub(super) struct Scripts {
     pub load_fill: Script,
     pub load_open: Script,
     pub raise: Script,
+    pub amend: Script,
     pub snapshot: Script,
     pub counts: Script,
     pub adjust: Script,
@@ -60,7 +62,7 @@ pub(super) struct Scripts {
 
 impl Scripts {
     pub fn new() -> Self {
-        let [reserve, mark, release, settle, load_begin, load_fill, load_open, raise, snapshot, counts, adjust] =
+        let [reserve, mark, release, settle, load_begin, load_fill, load_open, raise, amend, snapshot, counts, adjust] =
             SCRIPT_SOURCES.map(|s| Script::new(s.source));
         Self {
             reserve,
@@ -71,6 +73,7 @@ impl Scripts {
             load_fill,
             load_open,
             raise,
+            amend,
             snapshot,
             counts,
             adjust,
@@ -79,7 +82,7 @@ impl Scripts {
 
     /// Every script, for SCRIPT LOAD at start-up. The destructuring is exhaustive: a script
     /// added to the struct and not listed here does not build.
-    pub fn all(&self) -> [&Script; 11] {
+    pub fn all(&self) -> [&Script; 12] {
         let Self {
             reserve,
             mark,
@@ -89,13 +92,14 @@ impl Scripts {
             load_fill,
             load_open,
             raise,
+            amend,
             snapshot,
             counts,
             adjust,
         } = self;
         [
-            reserve, mark, release, settle, load_begin, load_fill, load_open, raise, snapshot,
-            counts, adjust,
+            reserve, mark, release, settle, load_begin, load_fill, load_open, raise, amend,
+            snapshot, counts, adjust,
         ]
     }
 }
