@@ -269,6 +269,12 @@ fn first_code(description: &str) -> Option<ErrorCode> {
 fn example_message(code: ErrorCode) -> &'static str {
     match code {
         ErrorCode::OutOfStock => "the voucher has no uses left",
+        ErrorCode::VoucherPaused => {
+            "the voucher is paused: it takes no new reservation until it is resumed"
+        }
+        ErrorCode::PreconditionFailed => {
+            "the voucher changed since the version named in If-Match; read it again"
+        }
         ErrorCode::ServiceUnavailable => {
             "a dependency is unavailable; retry after Retry-After seconds"
         }
@@ -289,12 +295,31 @@ fn success_example(schema_ref: &str) -> Option<Value> {
             "reservedAt": "2026-11-30T12:00:00Z", "expiresAt": "2026-11-30T12:15:00Z",
         }),
         "VoucherView" => json!({
-            "code": "FLASH100", "discountAmount": 100000, "minOrderAmount": 0,
+            "code": "FLASH100", "state": "active", "phase": "live", "version": 3,
+            "updatedAt": "2026-11-30T12:30:00Z", "discountAmount": 100000, "minOrderAmount": 0,
             "totalLimit": 1000, "perUserLimit": 1,
             "startsAt": "2026-11-30T12:00:00Z", "endsAt": "2026-12-01T12:00:00Z",
             "mode": "flash", "createdAt": "2026-11-29T09:00:00Z",
             "usedCount": 1000, "remaining": 0, "reserved": 400, "confirmed": 600,
             "gateRemaining": 0,
+        }),
+        "VoucherPage" => json!({
+            "items": [{
+                "code": "FLASH100", "mode": "flash", "state": "paused", "phase": "live",
+                "version": 4, "discountAmount": 100000, "minOrderAmount": 0,
+                "totalLimit": 1000, "perUserLimit": 1, "usedCount": 812,
+                "startsAt": "2026-11-30T12:00:00Z", "endsAt": "2026-12-01T12:00:00Z",
+                "updatedAt": "2026-11-30T12:31:00Z",
+            }],
+            "nextCursor": "464c415348313030",
+        }),
+        "AuditPage" => json!({
+            "items": [{
+                "id": 17, "at": "2026-11-30T12:31:00Z", "actor": "admin", "action": "pause",
+                "code": "FLASH100", "requestId": "4f1c2a9e0b7d3c11",
+                "before": {"state": "active", "version": 3, "totalLimit": 1000},
+                "after": {"state": "paused", "version": 4, "totalLimit": 1000},
+            }],
         }),
         "GateReload" => json!({"code": "FLASH100", "status": "REBUILDING"}),
         "OrderIds" => json!({"code": "FLASH100", "orderIds": ["order-1001", "order-1002"]}),

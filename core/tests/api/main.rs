@@ -8,6 +8,7 @@ mod constraints;
 mod consumer;
 mod expiry;
 mod flash;
+mod flash_lifecycle;
 mod gate_load;
 mod grouped;
 mod input;

@@ -1081,3 +1081,71 @@ async fn at_its_admission_limit_the_edge_refuses_a_reservation_itself_with_503_o
     );
     stack.finish(&[first.accepted(), retry.accepted()]).await;
 }
+
+/// The kill switch at the edge: once a core has answered VOUCHER_PAUSED, the edge answers
+/// newcomers itself with the same code, a holder's retry still reaches a core and gets its
+/// 201, and the resume is announced: the edge drops its flag at once (its TTL is 60 s) and
+/// newcomers are served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_voucher_is_answered_at_the_edge_until_it_is_resumed() {
+    let stack = stack(Duration::from_secs(60)).await;
+    stack
+        .app()
+        .given_voucher(flash_voucher("HALT", 100, 1))
+        .await;
+    let edge = &stack.edge().api;
+    let first = edge.reserve("HALT", "holder", "h-1", 100_000).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let original: Value = first.json().await.expect("json");
+    stack.app().given_lifecycle("HALT", "pause").await;
+
+    let mut probe = 0;
+    eventually(
+        Duration::from_secs(10),
+        "the edge to answer the pause",
+        || {
+            probe += 1;
+            let order = format!("probe-{probe}");
+            async move {
+                let resp = edge.reserve("HALT", &order, &order, 100_000).await;
+                let by_edge = resp.headers().get(headers::SERVED_BY).is_some();
+                let code = resp.headers().get(headers::ERROR_CODE).cloned();
+                (by_edge && code.is_some_and(|c| c == "VOUCHER_PAUSED")).then_some(())
+            }
+        },
+    )
+    .await;
+    let at_core = core_reservations(&stack).await;
+    let late = edge.reserve("HALT", "late", "late-1", 100_000).await;
+    assert!(late.headers().get(headers::SERVED_BY).is_some());
+    assert_error(late, StatusCode::CONFLICT, "VOUCHER_PAUSED").await;
+    assert_eq!(
+        core_reservations(&stack).await,
+        at_core,
+        "answered at the edge"
+    );
+    let retry = edge.reserve("HALT", "holder", "h-1", 100_000).await;
+    assert_eq!(
+        retry.status(),
+        StatusCode::CREATED,
+        "a holder's retry reaches a core"
+    );
+    assert_eq!(retry.json::<Value>().await.expect("json"), original);
+
+    stack.app().given_lifecycle("HALT", "resume").await;
+    eventually(
+        Duration::from_secs(2),
+        "a newcomer served after the resume",
+        || async {
+            let resp = edge.reserve("HALT", "after", "after-1", 100_000).await;
+            (resp.status() == StatusCode::CREATED).then_some(())
+        },
+    )
+    .await;
+    stack
+        .finish(&[
+            Accepted::new("HALT", "holder", "h-1"),
+            Accepted::new("HALT", "after", "after-1"),
+        ])
+        .await;
+}
