@@ -95,16 +95,34 @@ impl Default for DatabaseSettings {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+/// Bearer tokens. Named tokens with scopes live in PostgreSQL (`voucher-core tokens`,
+/// see `auth`); these two are configured, for bootstrapping and development.
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminSettings {
-    /// Bearer token of the admin calls. Empty disables them (every admin call gets 401).
+    /// The token named `admin`, with every scope. Empty: none.
     pub token: SecretString,
-    /// Bearer token that reads order lists and nothing else: the edge's. Empty: none.
+    /// The token named `edge`, with `orders:read` only (the edge's order filters). Empty:
+    /// none.
     pub orders_token: SecretString,
     /// Allows the development tokens published in this repository (`config/core.toml`).
     /// Without it the core refuses to start with one of them.
     pub development: bool,
+    /// How often the stored tokens are re-read: a token made or revoked takes effect on
+    /// every core within this long.
+    #[serde(with = "humantime_serde")]
+    pub token_refresh: Duration,
+}
+
+impl Default for AdminSettings {
+    fn default() -> Self {
+        Self {
+            token: SecretString::default(),
+            orders_token: SecretString::default(),
+            development: false,
+            token_refresh: Duration::from_secs(5),
+        }
+    }
 }
 
 /// The tokens `config/core.toml` publishes for development stacks.
@@ -514,6 +532,10 @@ impl Settings {
         anyhow::ensure!(
             self.redis.is_some() == self.kafka.is_some(),
             "flash mode needs both [redis] and [kafka]; configure both or neither"
+        );
+        anyhow::ensure!(
+            !self.admin.token_refresh.is_zero(),
+            "admin.token_refresh must be more than zero"
         );
         for (key, token) in [
             ("admin.token", &self.admin.token),

@@ -29,10 +29,13 @@ pub enum Error {
     UnsupportedMediaType,
     #[error("the request body is larger than {limit} bytes")]
     PayloadTooLarge { limit: usize },
-    #[error("this call needs an admin bearer token")]
+    #[error("this call needs a bearer token")]
     Unauthorized,
-    #[error("the admin bearer token is not accepted")]
+    #[error("the bearer token is not accepted")]
     Forbidden,
+    /// A valid token without the scope the call needs.
+    #[error("the bearer token lacks the scope {0}")]
+    MissingScope(&'static str),
     #[error("no such route")]
     RouteNotFound,
     #[error("method not allowed on this route")]
@@ -132,7 +135,7 @@ impl Error {
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
-            Self::Forbidden => StatusCode::FORBIDDEN,
+            Self::Forbidden | Self::MissingScope(_) => StatusCode::FORBIDDEN,
             Self::RouteNotFound | Self::VoucherNotFound | Self::ReservationNotFound => {
                 StatusCode::NOT_FOUND
             }
@@ -162,7 +165,7 @@ impl Error {
             Self::UnsupportedMediaType => ErrorCode::UnsupportedMediaType,
             Self::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
             Self::Unauthorized => ErrorCode::Unauthorized,
-            Self::Forbidden => ErrorCode::Forbidden,
+            Self::Forbidden | Self::MissingScope(_) => ErrorCode::Forbidden,
             Self::RouteNotFound => ErrorCode::RouteNotFound,
             Self::MethodNotAllowed => ErrorCode::MethodNotAllowed,
             Self::VoucherNotFound => ErrorCode::VoucherNotFound,

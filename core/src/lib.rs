@@ -12,7 +12,9 @@
 //! - [`expiry`], [`periodic`]: the job that gives back uses of abandoned reservations, and
 //!   the loop every periodic job runs in; [`batching`]: the queue grouped writers take
 //!   their batches from;
-//! - [`catalog`]: voucher definitions cached in memory (they never change);
+//! - [`catalog`]: voucher definitions cached in memory, re-read in the background (they
+//!   pick the path; what decides a use reads the database's row or the gate);
+//! - [`auth`]: named bearer tokens with scopes, kept as digests;
 //! - [`store`]: every SQL statement; PostgreSQL's constraints are the last guard;
 //! - [`domain`]: types that can only hold valid values (codes, ids, money, vouchers);
 //! - [`config`], [`metrics`], [`telemetry`], [`startup`]: running it.
@@ -22,6 +24,7 @@
 //! consumer, and the invariants they keep) is described in `ARCHITECTURE.md` at the root of
 //! the repository.
 
+pub mod auth;
 pub mod batching;
 pub mod catalog;
 pub mod config;

@@ -12,9 +12,31 @@ use voucher_core::startup::{shutdown_signal, Application};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The voucher service's core. Without a command it serves; `tokens` manages the named
+/// API tokens in the configured database.
+#[derive(clap::Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Serve the API (the default).
+    Serve,
+    /// Named API tokens with scopes, stored as digests (see `voucher_core::auth`).
+    #[command(subcommand)]
+    Tokens(voucher_core::auth::cli::TokensCommand),
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let cli = <Cli as clap::Parser>::parse();
     let settings = Settings::load()?;
+    if let Some(Command::Tokens(command)) = cli.command {
+        return voucher_core::auth::cli::run(&settings, command).await;
+    }
     // Held to the end: dropping it flushes the queued log lines.
     let logs = voucher_core::telemetry::init(&settings.log);
     let app = Application::build(&settings).await?;

@@ -10,8 +10,8 @@ use voucher_contract::order_filter::OrderFilter;
 
 use crate::catalog::Catalog;
 use crate::domain::{
-    NewVoucher, OrderId, Reservation, ReservationRequest, Voucher, VoucherChange, VoucherCode,
-    VoucherMode, VoucherState, VoucherStats,
+    Lowering, NewVoucher, OrderId, Reservation, ReservationRequest, Voucher, VoucherChange,
+    VoucherCode, VoucherMode, VoucherState, VoucherStats,
 };
 use crate::flash::FlashPath;
 use crate::metrics::Metrics;
@@ -101,9 +101,14 @@ impl VoucherService {
         change: &VoucherChange,
         by: &Actor,
     ) -> Result<Voucher> {
+        let current = self.catalog.get(code).await?;
+        let lowering = match (current.mode, &self.flash) {
+            (VoucherMode::Flash, Some(flash)) if !flash.database_decides() => Lowering::Refused,
+            _ => Lowering::ToUsesHeld,
+        };
         let voucher = self
             .store
-            .change_voucher(code, expected, change, by)
+            .change_voucher(code, expected, change, lowering, by)
             .await?;
         self.in_force(voucher, "change").await
     }
@@ -134,8 +139,17 @@ impl VoucherService {
             .voucher_changes
             .with_label_values(&[action])
             .inc();
-        if let (VoucherMode::Flash, Some(flash)) = (voucher.mode, &self.flash) {
-            flash.gate().amend(&voucher).await?;
+        match (voucher.mode, &self.flash) {
+            // The gate announces what it took (`amend.lua`).
+            (VoucherMode::Flash, Some(flash)) => {
+                flash.gate().amend(&voucher).await?;
+            }
+            // A standard voucher has no gate, but edges may hold a flag for it: an active
+            // one may have uses again (resumed, or its limit raised).
+            _ if voucher.state == VoucherState::Active => {
+                self.announce_available(&voucher.code).await;
+            }
+            _ => {}
         }
         Ok(voucher)
     }

@@ -23,8 +23,16 @@ pub struct Application {
     metrics_router: axum::Router,
     expiry: Option<ExpiryJob>,
     flash_jobs: Option<FlashJobs>,
+    tokens: TokenRefresh,
     store: Store,
     draining: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The job that re-reads the stored API tokens.
+struct TokenRefresh {
+    credentials: crate::auth::Credentials,
+    store: Store,
+    interval: std::time::Duration,
 }
 
 impl Application {
@@ -56,10 +64,24 @@ impl Application {
         let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let admission = voucher_admission::Limiter::new(settings.admission.clone());
         metrics.watch_admission(&admission)?;
+        let credentials =
+            crate::auth::Credentials::new(&settings.admin.token, &settings.admin.orders_token);
+        // The stored tokens before the first request, when PostgreSQL answers now; else
+        // from the first refresh that reaches it (the configured ones work meanwhile).
+        match store.valid_tokens().await {
+            Ok(rows) => credentials.replace_stored(rows),
+            Err(e) => {
+                tracing::warn!(error = %e.chain(), "API tokens not read at start; retried every admin.token_refresh")
+            }
+        }
+        let tokens = TokenRefresh {
+            credentials: credentials.clone(),
+            store: store.clone(),
+            interval: settings.admin.token_refresh,
+        };
         let state = AppState {
             service,
-            admin_token: settings.admin.token.clone(),
-            orders_token: settings.admin.orders_token.clone(),
+            credentials,
             draining: draining.clone(),
             admission,
         };
@@ -92,6 +114,7 @@ impl Application {
             }),
             expiry,
             flash_jobs,
+            tokens,
             store,
             draining,
         })
@@ -126,6 +149,12 @@ impl Application {
         if let Some(job) = self.expiry {
             background.spawn(job.run(shutdown.child_token()));
         }
+        let tokens = self.tokens;
+        background.spawn(tokens.credentials.keep_fresh(
+            tokens.store,
+            tokens.interval,
+            shutdown.child_token(),
+        ));
         if let Some(jobs) = self.flash_jobs {
             jobs.spawn(&mut background, &shutdown);
         }

@@ -14,7 +14,7 @@ pub use ids::{CustomerId, OrderId, VoucherCode};
 pub use money::Money;
 pub use reservation::{Reservation, ReservationRequest, ReservationStatus};
 pub use voucher::{
-    ChangeRefused, Ineligibility, NewVoucher, Phase, Voucher, VoucherChange, VoucherMode,
+    ChangeRefused, Ineligibility, Lowering, NewVoucher, Phase, Voucher, VoucherChange, VoucherMode,
     VoucherState, VoucherStats,
 };
 

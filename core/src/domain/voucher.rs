@@ -205,6 +205,16 @@ pub struct VoucherChange {
     pub min_order_amount: Option<Money>,
 }
 
+/// Whether a change may lower the limit. With the broker deciding, a flash gate's 201s
+/// rest on the gate alone and its acknowledged uses reach PostgreSQL later: PostgreSQL's
+/// count is not what the gate has given, and a limit lowered to it could be below uses
+/// already promised. There, the limit only goes up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lowering {
+    ToUsesHeld,
+    Refused,
+}
+
 /// Why a change is refused: the field, and what the voucher allows instead
 /// (`409 CHANGE_NOT_ALLOWED`), or a value that is no good whatever the voucher
 /// (`400 INVALID_REQUEST`).
@@ -229,6 +239,7 @@ impl VoucherChange {
         current: &Voucher,
         now: DateTime<Utc>,
         held: i32,
+        lowering: Lowering,
     ) -> Result<Voucher, ChangeRefused> {
         use ChangeRefused::{Invalid, NotAllowed};
         if current.state == VoucherState::Archived {
@@ -268,6 +279,12 @@ impl VoucherChange {
         if let Some(limit) = self.total_limit {
             let limit =
                 parse_limit("totalLimit", limit, NewVoucher::MAX_TOTAL_LIMIT).map_err(Invalid)?;
+            if limit < current.total_limit && lowering == Lowering::Refused {
+                return Err(NotAllowed(FieldError::new(
+                    "totalLimit",
+                    "can only go up on a flash voucher whose sale the broker decides",
+                )));
+            }
             if limit < held {
                 return Err(NotAllowed(FieldError::new(
                     "totalLimit",
@@ -395,7 +412,7 @@ mod tests {
             total_limit: Some(4),
             ..VoucherChange::default()
         }
-        .apply(&v, now, 4)
+        .apply(&v, now, 4, Lowering::ToUsesHeld)
         .expect("allowed while live");
         assert_eq!((moved.ends_at, moved.total_limit), (later, 4));
         let below = VoucherChange {
@@ -403,7 +420,7 @@ mod tests {
             ..VoucherChange::default()
         };
         assert_eq!(
-            refused_field(below.apply(&v, now, 4)),
+            refused_field(below.apply(&v, now, 4, Lowering::ToUsesHeld)),
             (true, "totalLimit".into())
         );
         // Terms and the start only before the start.
@@ -421,10 +438,13 @@ mod tests {
                 ..VoucherChange::default()
             },
         ] {
-            assert!(refused_field(change.apply(&v, now, 0)).0, "{change:?}");
+            assert!(
+                refused_field(change.apply(&v, now, 0, Lowering::ToUsesHeld)).0,
+                "{change:?}"
+            );
             let early = v.starts_at - Duration::seconds(1);
             assert!(
-                change.apply(&v, early, 0).is_ok(),
+                change.apply(&v, early, 0, Lowering::ToUsesHeld).is_ok(),
                 "{change:?} before the start"
             );
         }
@@ -434,7 +454,7 @@ mod tests {
             ..VoucherChange::default()
         };
         assert_eq!(
-            refused_field(backwards.apply(&v, now, 0)),
+            refused_field(backwards.apply(&v, now, 0, Lowering::ToUsesHeld)),
             (false, "endsAt".into())
         );
         // Nothing changes an archived voucher.
@@ -447,7 +467,7 @@ mod tests {
             ..VoucherChange::default()
         };
         assert_eq!(
-            refused_field(longer.apply(&archived, now, 0)),
+            refused_field(longer.apply(&archived, now, 0, Lowering::ToUsesHeld)),
             (true, "state".into())
         );
     }

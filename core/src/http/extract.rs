@@ -6,14 +6,12 @@ use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, IF_MATCH};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
-use secrecy::{ExposeSecret, SecretString};
 use serde::de::DeserializeOwned;
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 
 use voucher_contract::headers::REQUEST_ID;
 
 use super::AppState;
+use crate::auth::Scope;
 use crate::domain::FieldError;
 use crate::store::Actor;
 use crate::Error;
@@ -145,57 +143,63 @@ fn presented(parts: &Parts) -> Result<&str, Error> {
         .ok_or(Error::Unauthorized)
 }
 
-/// Whether the request presents one of `tokens` (empty ones accept nothing): 401 without a
-/// token or when none is configured, 403 for a wrong one. Every configured token is
-/// compared, always: which one matched takes no other time.
-fn authorize(parts: &Parts, tokens: &[&SecretString]) -> Result<(), Error> {
+/// The credential the request's token is, if it grants `scope`: 401 without a token,
+/// 403 for a token not accepted or without the scope. The actor of the audit trail: the
+/// credential's name and the request's id.
+fn authorize(parts: &Parts, state: &AppState, scope: Scope) -> Result<Actor, Error> {
     let presented = presented(parts)?;
-    let configured: Vec<&str> = tokens
-        .iter()
-        .map(|t| t.expose_secret())
-        .filter(|t| !t.is_empty())
-        .collect();
-    if configured.is_empty() {
-        return Err(Error::Unauthorized);
-    }
-    let accepted = configured
-        .into_iter()
-        .fold(false, |ok, token| token_matches(presented, token) | ok);
-    if accepted {
-        Ok(())
-    } else {
-        Err(Error::Forbidden)
-    }
+    let credential = state.credentials.authorize(presented, scope)?;
+    // Set by the access middleware on every request (the edge's, a client's, or made).
+    let request_id = parts
+        .headers
+        .get(REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    Ok(Actor {
+        name: credential.name,
+        request_id,
+    })
 }
 
-/// Proof that the request carries the admin bearer token (an empty configured token
-/// disables admin calls altogether), and who it is for the audit trail: the credential's
-/// name and the request's id.
-pub struct Admin(pub Actor);
+/// An extractor proving that the request's token holds one scope, with who it is.
+macro_rules! scoped {
+    ($(#[$doc:meta])* $name:ident, $scope:expr) => {
+        $(#[$doc])*
+        pub struct $name(pub Actor);
 
-/// The name the audit trail gives the admin token.
-pub const ADMIN_TOKEN_NAME: &str = "admin";
+        impl FromRequestParts<AppState> for $name {
+            type Rejection = Error;
 
-impl FromRequestParts<AppState> for Admin {
-    type Rejection = Error;
-
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &AppState,
-    ) -> Result<Self, Self::Rejection> {
-        authorize(parts, &[&state.admin_token])?;
-        // Set by the access middleware on every request (the edge's, a client's, or made).
-        let request_id = parts
-            .headers
-            .get(REQUEST_ID)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        Ok(Admin(Actor {
-            name: ADMIN_TOKEN_NAME.to_owned(),
-            request_id,
-        }))
-    }
+            async fn from_request_parts(
+                parts: &mut Parts,
+                state: &AppState,
+            ) -> Result<Self, Self::Rejection> {
+                authorize(parts, state, $scope).map($name)
+            }
+        }
+    };
 }
+
+scoped!(
+    /// `vouchers:write`: create, change, pause, resume, archive, reload a gate.
+    VoucherWriter,
+    Scope::VouchersWrite
+);
+scoped!(
+    /// `vouchers:read`: list vouchers.
+    VoucherReader,
+    Scope::VouchersRead
+);
+scoped!(
+    /// `orders:read`: a voucher's orders (the edge's token holds this one only).
+    OrdersReader,
+    Scope::OrdersRead
+);
+scoped!(
+    /// `audit:read`: the audit trail.
+    AuditReader,
+    Scope::AuditRead
+);
 
 /// The version a change names (`If-Match: "7"`, the voucher's `ETag`); `None` without the
 /// header or with `*` (any version).
@@ -232,32 +236,6 @@ impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
 /// A voucher's `ETag` for `version`.
 pub fn etag(version: i64) -> String {
     format!("\"{version}\"")
-}
-
-/// Proof that the request may read order lists: the admin token, or the orders token (the
-/// edge's, which can do nothing else).
-pub struct OrdersReader;
-
-impl FromRequestParts<AppState> for OrdersReader {
-    type Rejection = Error;
-
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &AppState,
-    ) -> Result<Self, Self::Rejection> {
-        authorize(parts, &[&state.admin_token, &state.orders_token]).map(|()| OrdersReader)
-    }
-}
-
-/// Compares in constant time (`subtle`) the SHA-256 digests of the presented and the
-/// expected token: digests have one length, so neither the expected token's bytes nor its
-/// length show in the time of the comparison.
-fn token_matches(presented: &str, expected: &str) -> bool {
-    if expected.is_empty() {
-        return false;
-    }
-    let (p, e) = (Sha256::digest(presented), Sha256::digest(expected));
-    p.as_slice().ct_eq(e.as_slice()).into()
 }
 
 #[cfg(test)]
@@ -298,18 +276,5 @@ mod tests {
             parse_json::<Body>(b"{\"orderAmount\": 1} x"),
             Err(Error::MalformedJson(_))
         ));
-    }
-
-    #[test]
-    fn token_comparison_covers_bytes_and_length() {
-        assert!(token_matches("s3cr3t", "s3cr3t"));
-        assert!(!token_matches("s3cr3", "s3cr3t"), "a prefix");
-        assert!(!token_matches("s3cr3ts3cr3t", "s3cr3t"), "the token twice");
-        assert!(!token_matches("s3cr3x", "s3cr3t"));
-        assert!(!token_matches("", "s3cr3t"));
-        assert!(
-            !token_matches("x", ""),
-            "an empty expected token matches nothing"
-        );
     }
 }

@@ -8,14 +8,15 @@
 
 use axum::extract::State;
 use axum::http::header::ETAG;
-use axum::http::HeaderName;
 use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::extract::{etag, Admin, ApiJson, ApiPath, ApiQuery, IfMatch};
-use super::vouchers::VoucherView;
+use super::extract::{
+    etag, ApiJson, ApiPath, ApiQuery, AuditReader, IfMatch, VoucherReader, VoucherWriter,
+};
+use super::vouchers::{VoucherView, WithEtag};
 use super::{AppState, ErrorBody};
 use crate::domain::{
     FieldError, Money, Phase, Voucher, VoucherChange, VoucherCode, VoucherMode, VoucherState,
@@ -145,11 +146,11 @@ pub struct VoucherPage {
     next_cursor: Option<String>,
 }
 
-/// The vouchers, in code order, filtered by mode, state and phase (admin).
+/// The vouchers, in code order, filtered by mode, state and phase .
 #[utoipa::path(
     get, path = "/vouchers", tag = "lifecycle",
     params(ListParams),
-    security(("admin" = [])),
+    security(("token" = ["vouchers:read"])),
     responses(
         (status = 200, description = "One page", body = VoucherPage),
         (status = 400, description = "INVALID_REQUEST (with `field`)", body = ErrorBody),
@@ -161,7 +162,7 @@ pub struct VoucherPage {
 #[tracing::instrument(name = "list_vouchers", skip_all)]
 pub async fn list_vouchers(
     State(state): State<AppState>,
-    _admin: Admin,
+    _reader: VoucherReader,
     ApiQuery(params): ApiQuery<ListParams>,
 ) -> Result<Json<VoucherPage>> {
     let filter = params.parse()?;
@@ -218,7 +219,7 @@ impl ChangeVoucher {
     }
 }
 
-type Changed = ([(HeaderName, String); 1], Json<VoucherView>);
+type Changed = WithEtag<Json<VoucherView>>;
 
 /// The answer to a change: the voucher as it is now, with its new `ETag`.
 async fn answer(state: &AppState, voucher: Voucher) -> Result<Changed> {
@@ -241,7 +242,7 @@ async fn answer(state: &AppState, voucher: Voucher) -> Result<Changed> {
     ))
 }
 
-/// Change a voucher's window, limit or terms (admin), naming the version read.
+/// Change a voucher's window, limit or terms , naming the version read.
 ///
 /// In flash mode the gate takes the change in one step while requests arrive, and every
 /// edge drops its sold-out flag when the limit goes up.
@@ -249,7 +250,7 @@ async fn answer(state: &AppState, voucher: Voucher) -> Result<Changed> {
     patch, path = "/vouchers/{code}", tag = "lifecycle",
     params(("code" = String, Path), ("If-Match" = String, Header, description = "The ETag read")),
     request_body = ChangeVoucher,
-    security(("admin" = [])),
+    security(("token" = ["vouchers:write"])),
     responses(
         (status = 200, description = "Changed (or nothing to change)", body = VoucherView,
             headers(("ETag" = String, description = "The voucher's new version"))),
@@ -270,7 +271,7 @@ async fn answer(state: &AppState, voucher: Voucher) -> Result<Changed> {
 #[tracing::instrument(name = "change_voucher", skip_all, fields(code = %code))]
 pub async fn change_voucher(
     State(state): State<AppState>,
-    Admin(actor): Admin,
+    VoucherWriter(actor): VoucherWriter,
     ApiPath(code): ApiPath<String>,
     IfMatch(expected): IfMatch,
     ApiJson(body): ApiJson<ChangeVoucher>,
@@ -300,7 +301,7 @@ async fn change_state(
     answer(&state, voucher).await
 }
 
-/// Pause a voucher (admin): the kill switch.
+/// Pause a voucher : the kill switch.
 ///
 /// Once answered, no new use is taken: every core refuses new reservations with 409
 /// VOUCHER_PAUSED (PostgreSQL refuses the uses of every later commit, and a flash gate
@@ -310,7 +311,7 @@ async fn change_state(
 #[utoipa::path(
     post, path = "/vouchers/{code}/pause", tag = "lifecycle",
     params(("code" = String, Path), ("If-Match" = Option<String>, Header, description = "The ETag read (optional)")),
-    security(("admin" = [])),
+    security(("token" = ["vouchers:write"])),
     responses(
         (status = 200, description = "Paused", body = VoucherView,
             headers(("ETag" = String, description = "The voucher's new version"))),
@@ -327,18 +328,18 @@ async fn change_state(
 #[tracing::instrument(name = "pause_voucher", skip_all, fields(code = %code))]
 pub async fn pause_voucher(
     State(state): State<AppState>,
-    Admin(actor): Admin,
+    VoucherWriter(actor): VoucherWriter,
     ApiPath(code): ApiPath<String>,
     IfMatch(expected): IfMatch,
 ) -> Result<Changed> {
     change_state(state, actor, code, expected, StateChange::Pause).await
 }
 
-/// Resume a paused voucher (admin). Edges drop their flags for it.
+/// Resume a paused voucher . Edges drop their flags for it.
 #[utoipa::path(
     post, path = "/vouchers/{code}/resume", tag = "lifecycle",
     params(("code" = String, Path), ("If-Match" = Option<String>, Header, description = "The ETag read (optional)")),
-    security(("admin" = [])),
+    security(("token" = ["vouchers:write"])),
     responses(
         (status = 200, description = "Active", body = VoucherView,
             headers(("ETag" = String, description = "The voucher's new version"))),
@@ -354,19 +355,19 @@ pub async fn pause_voucher(
 #[tracing::instrument(name = "resume_voucher", skip_all, fields(code = %code))]
 pub async fn resume_voucher(
     State(state): State<AppState>,
-    Admin(actor): Admin,
+    VoucherWriter(actor): VoucherWriter,
     ApiPath(code): ApiPath<String>,
     IfMatch(expected): IfMatch,
 ) -> Result<Changed> {
     change_state(state, actor, code, expected, StateChange::Resume).await
 }
 
-/// Archive a voucher with no active reservation (admin): it leaves the lists and refuses
+/// Archive a voucher with no active reservation : it leaves the lists and refuses
 /// reservations (409 VOUCHER_ARCHIVED) for good; its confirmed uses stay readable.
 #[utoipa::path(
     post, path = "/vouchers/{code}/archive", tag = "lifecycle",
     params(("code" = String, Path), ("If-Match" = Option<String>, Header, description = "The ETag read (optional)")),
-    security(("admin" = [])),
+    security(("token" = ["vouchers:write"])),
     responses(
         (status = 200, description = "Archived", body = VoucherView,
             headers(("ETag" = String, description = "The voucher's new version"))),
@@ -382,7 +383,7 @@ pub async fn resume_voucher(
 #[tracing::instrument(name = "archive_voucher", skip_all, fields(code = %code))]
 pub async fn archive_voucher(
     State(state): State<AppState>,
-    Admin(actor): Admin,
+    VoucherWriter(actor): VoucherWriter,
     ApiPath(code): ApiPath<String>,
     IfMatch(expected): IfMatch,
 ) -> Result<Changed> {
@@ -445,11 +446,11 @@ pub struct AuditPage {
     next_cursor: Option<String>,
 }
 
-/// Every admin change of a voucher, oldest first (admin).
+/// Every admin change of a voucher, oldest first .
 #[utoipa::path(
     get, path = "/vouchers/{code}/audit", tag = "lifecycle",
     params(("code" = String, Path), AuditParams),
-    security(("admin" = [])),
+    security(("token" = ["audit:read"])),
     responses(
         (status = 200, description = "One page", body = AuditPage),
         (status = 400, description = "INVALID_REQUEST", body = ErrorBody),
@@ -462,7 +463,7 @@ pub struct AuditPage {
 #[tracing::instrument(name = "voucher_audit", skip_all, fields(code = %code))]
 pub async fn voucher_audit(
     State(state): State<AppState>,
-    _admin: Admin,
+    _reader: AuditReader,
     ApiPath(code): ApiPath<String>,
     ApiQuery(params): ApiQuery<AuditParams>,
 ) -> Result<Json<AuditPage>> {

@@ -20,7 +20,6 @@ use axum::middleware::Next;
 use axum::response::Response;
 use axum::routing::get;
 use axum::{middleware, Extension, Router};
-use secrecy::SecretString;
 use serde::Serialize;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::OpenApi as OpenApiDoc;
@@ -39,9 +38,8 @@ use voucher_contract::request::RequestIds;
 #[derive(Clone)]
 pub struct AppState {
     pub service: VoucherService,
-    pub admin_token: SecretString,
-    /// Reads order lists only (the edge's token).
-    pub orders_token: SecretString,
+    /// The bearer tokens accepted, with their scopes.
+    pub credentials: crate::auth::Credentials,
     /// Set on SIGTERM: `readyz` answers 503 from then on, while requests are still served.
     pub draining: Arc<AtomicBool>,
     /// Bounds the reservations this core works on at once (`[admission]`).
@@ -87,15 +85,19 @@ struct AdminAuth;
 impl Modify for AdminAuth {
     fn modify(&self, openapi: &mut OpenApiDoc) {
         let components = openapi.components.get_or_insert_with(Default::default);
+        // One bearer scheme; each call names the scope its token must hold
+        // (`vouchers:write`, `vouchers:read`, `orders:read`, `audit:read`; see `auth`).
         components.add_security_scheme(
-            "admin",
-            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
-        );
-        // `admin.orders_token`: reads order lists (GET /vouchers/{code}/orders and its
-        // filter) only.
-        components.add_security_scheme(
-            "orders",
-            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+            "token",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "A named token (`voucher-core tokens create`) or a configured one; \
+                         each call lists the scope it needs",
+                    ))
+                    .build(),
+            ),
         );
     }
 }

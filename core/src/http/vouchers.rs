@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::extract::{etag, Admin, ApiJson, ApiPath, OrdersReader};
+use super::extract::{etag, ApiJson, ApiPath, OrdersReader, VoucherWriter};
 use super::{AppState, ErrorBody};
 use crate::domain::{Money, NewVoucher, Voucher, VoucherCode, VoucherMode, VoucherStats};
 use crate::Result;
@@ -65,6 +65,9 @@ impl CreateVoucher {
         )?)
     }
 }
+
+/// An answer with the voucher's `ETag` header.
+pub(super) type WithEtag<T> = ([(HeaderName, String); 1], T);
 
 /// A voucher with its live counts. Its `version` is also the answer's `ETag`, which a
 /// change names in `If-Match`.
@@ -130,7 +133,7 @@ impl VoucherView {
 #[utoipa::path(
     post, path = "/vouchers", tag = "vouchers",
     request_body = CreateVoucher,
-    security(("admin" = [])),
+    security(("token" = ["vouchers:write"])),
     responses(
         (status = 201, description = "Created", body = VoucherView,
             headers(("ETag" = String, description = "The voucher's version, for If-Match"))),
@@ -146,9 +149,9 @@ impl VoucherView {
 #[tracing::instrument(name = "create_voucher", skip_all)]
 pub async fn create_voucher(
     State(state): State<AppState>,
-    Admin(actor): Admin,
+    VoucherWriter(actor): VoucherWriter,
     ApiJson(body): ApiJson<CreateVoucher>,
-) -> Result<(StatusCode, [(HeaderName, String); 1], Json<VoucherView>)> {
+) -> Result<(StatusCode, WithEtag<Json<VoucherView>>)> {
     let voucher = state.service.create(body.parse()?, &actor).await?;
     let stats = VoucherStats {
         used_count: 0,
@@ -158,8 +161,10 @@ pub async fn create_voucher(
     };
     Ok((
         StatusCode::CREATED,
-        [(ETAG, etag(voucher.version))],
-        Json(VoucherView::new(voucher, stats)),
+        (
+            [(ETAG, etag(voucher.version))],
+            Json(VoucherView::new(voucher, stats)),
+        ),
     ))
 }
 
@@ -179,7 +184,7 @@ pub async fn create_voucher(
 pub async fn get_voucher(
     State(state): State<AppState>,
     ApiPath(code): ApiPath<String>,
-) -> Result<([(HeaderName, String); 1], Json<VoucherView>)> {
+) -> Result<WithEtag<Json<VoucherView>>> {
     let code = VoucherCode::parse(code)?;
     let (voucher, stats) = state.service.get(&code).await?;
     Ok((
@@ -213,7 +218,7 @@ pub struct OrderIds {
 #[utoipa::path(
     post, path = "/vouchers/{code}/gate/reload", tag = "vouchers",
     params(("code" = String, Path)),
-    security(("admin" = [])),
+    security(("token" = ["vouchers:write"])),
     responses(
         (status = 202, description = "The gate was dropped; it is rebuilt once PostgreSQL holds every \
             published event. Reservations get 503 until then.", body = GateReload),
@@ -227,7 +232,7 @@ pub struct OrderIds {
 #[tracing::instrument(name = "reload_gate", skip_all, fields(code = %code))]
 pub async fn reload_gate(
     State(state): State<AppState>,
-    Admin(actor): Admin,
+    VoucherWriter(actor): VoucherWriter,
     ApiPath(code): ApiPath<String>,
 ) -> Result<(StatusCode, Json<GateReload>)> {
     let code = VoucherCode::parse(code)?;
@@ -247,7 +252,7 @@ pub async fn reload_gate(
 #[utoipa::path(
     get, path = "/vouchers/{code}/orders", tag = "vouchers",
     params(("code" = String, Path)),
-    security(("admin" = []), ("orders" = [])),
+    security(("token" = ["orders:read"])),
     responses(
         (status = 200, description = "Every orderId with a reservation", body = OrderIds),
         (status = 400, description = "INVALID_REQUEST", body = ErrorBody),
@@ -278,7 +283,7 @@ pub async fn order_ids(
 #[utoipa::path(
     get, path = "/vouchers/{code}/orders/filter", tag = "vouchers",
     params(("code" = String, Path)),
-    security(("admin" = []), ("orders" = [])),
+    security(("token" = ["orders:read"])),
     responses(
         (status = 200, description = "The filter (`VGOF` version 1: hashes, uses left, bits, \
             then the bits as little-endian 64-bit words)", content_type = "application/octet-stream",

@@ -627,8 +627,8 @@ macro_rules! count_ctes {
 /// statement that can write a batch: no ranking, no lookup before the insert.
 /// Parameters: the batch's columns ($1-$8), its vouchers ($9), the TTL of rows without
 /// times ($10), whether the standard terms' checks apply ($11), whether the voucher's state
-/// is checked ($12: `voucher_paused`, `voucher_archived`, after a repeat is recognised and
-/// before the window).
+/// is checked ($12: `voucher_paused`, `voucher_archived`, before the window; a repeat so
+/// refused is answered from its row by [`classify`], as [`RANKED`] recognises it first).
 const OPTIMISTIC: &str = concat!(
     "WITH input AS (
      SELECT u.*

@@ -16,7 +16,7 @@ use sqlx::{FromRow, PgConnection};
 use super::vouchers::{VoucherRow, VOUCHER_COLUMNS};
 use super::Store;
 use crate::domain::{
-    ChangeRefused, Phase, Voucher, VoucherChange, VoucherCode, VoucherMode, VoucherState,
+    ChangeRefused, Lowering, Phase, Voucher, VoucherChange, VoucherCode, VoucherMode, VoucherState,
 };
 use crate::{Error, Result};
 
@@ -124,25 +124,31 @@ async fn lock_voucher(conn: &mut PgConnection, code: &VoucherCode) -> Result<Loc
         #[sqlx(flatten)]
         voucher: VoucherRow,
         used_count: i32,
-        has_active: bool,
-        now: DateTime<Utc>,
     }
     let row: Option<Row> = sqlx::query_as(&format!(
-        "SELECT {VOUCHER_COLUMNS}, v.used_count, now() AS now,
-                EXISTS (SELECT 1 FROM redemptions r
-                        WHERE r.voucher_code = v.code AND r.status = 'RESERVED') AS has_active
-         FROM vouchers v WHERE v.code = $1
+        "SELECT {VOUCHER_COLUMNS}, v.used_count FROM vouchers v WHERE v.code = $1
          FOR NO KEY UPDATE"
     ))
     .bind(code.as_str())
     .fetch_optional(&mut *conn)
     .await?;
     let row = row.ok_or(Error::VoucherNotFound)?;
+    // A statement of its own, after the lock: its snapshot sees the rows of every write
+    // the lock waited for (a subquery of the locking statement would not), and the clock
+    // is read after the wait, not at the transaction's start.
+    let (has_active, now): (bool, DateTime<Utc>) = sqlx::query_as(
+        "SELECT EXISTS (SELECT 1 FROM redemptions
+                        WHERE voucher_code = $1 AND status = 'RESERVED'),
+                clock_timestamp()",
+    )
+    .bind(code.as_str())
+    .fetch_one(&mut *conn)
+    .await?;
     Ok(Locked {
         voucher: row.voucher.try_into()?,
         used_count: row.used_count,
-        has_active: row.has_active,
-        now: row.now,
+        has_active,
+        now,
     })
 }
 
@@ -178,13 +184,14 @@ fn check_version(current: &Voucher, expected: Option<i64>) -> Result<()> {
 impl Store {
     /// Changes `code`'s definition if it is still at version `expected`
     /// (`PreconditionFailed` otherwise), as [`VoucherChange::apply`] allows against the
-    /// uses held now; one audit row. An empty change changes nothing and writes no row.
+    /// uses held now (and `limits` allows); one audit row. An empty change changes nothing and writes no row.
     #[tracing::instrument(name = "db.change_voucher", skip_all, fields(code = %code))]
     pub async fn change_voucher(
         &self,
         code: &VoucherCode,
         expected: i64,
         change: &VoucherChange,
+        limits: Lowering,
         by: &Actor,
     ) -> Result<Voucher> {
         let mut tx = self.pool().begin().await?;
@@ -194,7 +201,7 @@ impl Store {
             return Ok(locked.voucher);
         }
         let next = change
-            .apply(&locked.voucher, locked.now, locked.used_count)
+            .apply(&locked.voucher, locked.now, locked.used_count, limits)
             .map_err(|refused| match refused {
                 ChangeRefused::NotAllowed(e) => Error::ChangeNotAllowed(e),
                 ChangeRefused::Invalid(e) => Error::InvalidRequest(e),

@@ -7,7 +7,8 @@
 //! - `batch`: reservations decided by the flash gate, recorded many per transaction;
 //! - `partitions`: which core writes which event partition, and where each one is;
 //! - `expiry`: the batch that releases reservations past their TTL;
-//! - `gate_state`: what a flash gate is loaded from and reconciled against.
+//! - `gate_state`: what a flash gate is loaded from and reconciled against;
+//! - `tokens`: the named API tokens, by digest.
 //!
 //! Lock order, to keep transactions free of deadlocks: a redemption row, then the
 //! `customer_usage` rows (sorted), then the `vouchers` rows (sorted). Every transaction
@@ -19,6 +20,7 @@ mod gate_state;
 mod lifecycle;
 mod partitions;
 mod reservations;
+mod tokens;
 mod vouchers;
 
 use secrecy::ExposeSecret;
@@ -30,6 +32,7 @@ pub use gate_state::{GateRead, ReconcileView};
 pub use lifecycle::{Actor, AuditEvent, StateChange, VoucherFilter};
 pub use partitions::{OwnedPartition, PartitionKey};
 pub use reservations::ReserveOutcome;
+pub use tokens::TokenRow;
 
 use crate::config::DatabaseSettings;
 

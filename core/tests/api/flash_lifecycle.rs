@@ -171,3 +171,27 @@ async fn a_change_whose_gate_amend_was_lost_reaches_the_gate_by_reconciliation()
     assert_eq!(paused.code(), "VOUCHER_PAUSED");
     env.finish(&first.accepted()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_the_broker_deciding_a_flash_limit_only_goes_up() {
+    let env = FlashStack::builder()
+        .start_with(|s| s.flash.decision = voucher_core::config::Decision::Broker)
+        .await;
+    env.app()
+        .given_voucher(flash_voucher("UPONLY", 10, 1))
+        .await;
+    let lower = env
+        .app()
+        .change("UPONLY", 1, &json!({ "totalLimit": 5 }))
+        .await;
+    assert_eq!(lower.status(), StatusCode::CONFLICT);
+    let body: serde_json::Value = lower.json().await.expect("json");
+    assert_eq!(body["field"], "totalLimit");
+    let raise = env
+        .app()
+        .change("UPONLY", 1, &json!({ "totalLimit": 20 }))
+        .await;
+    assert_eq!(raise.status(), StatusCode::OK);
+    assert_eq!(gate_remaining(&env, "UPONLY").await, Some(20));
+    env.finish(&[]).await;
+}

@@ -18,6 +18,7 @@ mod operations;
 mod replay;
 mod reservations;
 mod sessions;
+mod tokens;
 mod vouchers;
 
 // The shared harness, under the names the test modules use.

@@ -265,7 +265,21 @@ async fn the_openapi_document_describes_exactly_the_served_routes() {
             ["application/json"]["example"]["error"],
         "OUT_OF_STOCK"
     );
-    assert!(doc["components"]["securitySchemes"]["admin"].is_object());
+    assert!(doc["components"]["securitySchemes"]["token"].is_object());
+    // Every admin call names the scope its token needs.
+    for (path, method, scope) in [
+        ("/vouchers", "post", "vouchers:write"),
+        ("/vouchers", "get", "vouchers:read"),
+        ("/vouchers/{code}", "patch", "vouchers:write"),
+        ("/vouchers/{code}/pause", "post", "vouchers:write"),
+        ("/vouchers/{code}/audit", "get", "audit:read"),
+        ("/vouchers/{code}/orders/filter", "get", "orders:read"),
+    ] {
+        assert_eq!(
+            doc["paths"][path][method]["security"][0]["token"][0], scope,
+            "{method} {path}"
+        );
+    }
     for schema in [
         "CreateVoucher",
         "Reserve",
