@@ -8,7 +8,9 @@ pub enum Route {
     /// `POST /vouchers` (admin).
     CreateVoucher,
     /// `GET /vouchers`, `PATCH /vouchers/{code}`, `POST /vouchers/{code}/pause`, `/resume`,
-    /// `/archive`, `GET /vouchers/{code}/audit` (admin): the lifecycle calls.
+    /// `/archive`, `GET /vouchers/{code}/audit` (admin): the lifecycle calls; and the
+    /// ledger's reads: `GET /vouchers/{code}/reservations`, `.../reservations/{orderId}`,
+    /// `GET /vouchers/{code}/export`.
     ManageVoucher,
     /// `GET /vouchers/{code}`.
     GetVoucher,
@@ -38,7 +40,10 @@ impl Route {
             ("POST", ["vouchers"]) => Self::CreateVoucher,
             (_, ["vouchers"]) => Self::ManageVoucher,
             ("PATCH", ["vouchers", _]) => Self::ManageVoucher,
-            (_, ["vouchers", _, "pause" | "resume" | "archive" | "audit"]) => Self::ManageVoucher,
+            (_, ["vouchers", _, "pause" | "resume" | "archive" | "audit" | "export"]) => {
+                Self::ManageVoucher
+            }
+            ("GET", ["vouchers", _, "reservations", ..]) => Self::ManageVoucher,
             (_, ["vouchers", _, "gate", ..]) => Self::ReloadGate,
             (_, ["vouchers", _, "orders"]) => Self::OrderIds,
             (_, ["vouchers", _, "orders", "filter"]) => Self::OrderFilter,
@@ -82,7 +87,7 @@ impl Route {
 
     /// The method and path template of each call the edge treats on its own, as the
     /// core's OpenAPI document writes them.
-    pub const TEMPLATES: [(&'static str, &'static str); 14] = [
+    pub const TEMPLATES: [(&'static str, &'static str); 17] = [
         ("post", "/vouchers"),
         ("get", "/vouchers"),
         ("patch", "/vouchers/{code}"),
@@ -90,6 +95,9 @@ impl Route {
         ("post", "/vouchers/{code}/resume"),
         ("post", "/vouchers/{code}/archive"),
         ("get", "/vouchers/{code}/audit"),
+        ("get", "/vouchers/{code}/reservations"),
+        ("get", "/vouchers/{code}/reservations/{orderId}"),
+        ("get", "/vouchers/{code}/export"),
         ("get", "/vouchers/{code}"),
         ("post", "/vouchers/{code}/gate/reload"),
         ("get", "/vouchers/{code}/orders"),
@@ -156,6 +164,13 @@ mod tests {
         assert!(Route::classify("POST", "/vouchers/F1/archive").is_admin());
         assert!(Route::classify("GET", "/vouchers/F1/audit").is_admin());
         assert_eq!(Route::classify("DELETE", "/vouchers/F1"), Route::Other);
+        assert!(Route::classify("GET", "/vouchers/F1/reservations").is_admin());
+        assert!(Route::classify("GET", "/vouchers/F1/reservations/o1").is_admin());
+        assert!(Route::classify("GET", "/vouchers/F1/export").is_admin());
+        assert_eq!(
+            Route::classify("DELETE", "/vouchers/F1/reservations/o1"),
+            Route::Release
+        );
         assert_eq!(Route::classify("GET", "/healthz"), Route::Other);
     }
 

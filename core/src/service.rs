@@ -10,13 +10,15 @@ use voucher_contract::order_filter::OrderFilter;
 
 use crate::catalog::Catalog;
 use crate::domain::{
-    Lowering, NewVoucher, OrderId, Reservation, ReservationRequest, Voucher, VoucherChange,
-    VoucherCode, VoucherMode, VoucherState, VoucherStats,
+    Lowering, NewVoucher, OrderId, Reservation, ReservationRequest, ReservationStatus, Voucher,
+    VoucherChange, VoucherCode, VoucherMode, VoucherState, VoucherStats,
 };
 use crate::flash::FlashPath;
 use crate::metrics::Metrics;
 use crate::standard::Grouper;
-use crate::store::{Actor, AuditEvent, ReserveOutcome, StateChange, Store, VoucherFilter};
+use crate::store::{
+    Actor, AuditEvent, LedgerRow, ReserveOutcome, StateChange, Store, VoucherFilter,
+};
 use crate::{Error, Result};
 
 #[derive(Clone)]
@@ -157,6 +159,40 @@ impl VoucherService {
     /// One page of vouchers (see [`Store::list_vouchers`]), with the uses each holds.
     pub async fn list(&self, filter: &VoucherFilter) -> Result<Vec<(Voucher, i32)>> {
         self.store.list_vouchers(filter).await
+    }
+
+    /// One page of a voucher's reservations in `status`; `VoucherNotFound` for an unknown
+    /// code.
+    pub async fn ledger_page(
+        &self,
+        code: &VoucherCode,
+        status: ReservationStatus,
+        after: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<LedgerRow>> {
+        self.catalog.get(code).await?;
+        self.store.ledger_page(code, status, after, limit).await
+    }
+
+    /// A voucher's reservation for `order_id`, if it has one.
+    pub async fn ledger_row(
+        &self,
+        code: &VoucherCode,
+        order_id: &OrderId,
+    ) -> Result<Option<LedgerRow>> {
+        self.catalog.get(code).await?;
+        self.store.ledger_row(code, order_id.as_str()).await
+    }
+
+    /// Every reservation of a voucher (in `status`), in chunks (see
+    /// [`Store::ledger_stream`]).
+    pub async fn ledger_stream(
+        &self,
+        code: &VoucherCode,
+        status: Option<ReservationStatus>,
+    ) -> Result<tokio::sync::mpsc::Receiver<Result<Vec<LedgerRow>>>> {
+        self.catalog.get(code).await?;
+        Ok(self.store.ledger_stream(code, status))
     }
 
     /// One page of a voucher's audit trail; `VoucherNotFound` for an unknown code.

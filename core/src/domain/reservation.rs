@@ -21,6 +21,13 @@ impl ReservationStatus {
         }
     }
 
+    /// A status a client names (a filter of the reservation lists).
+    pub fn parse(raw: &str) -> Result<Self, super::FieldError> {
+        Self::from_db(raw).ok_or_else(|| {
+            super::FieldError::new("status", "must be RESERVED, CONFIRMED or RELEASED")
+        })
+    }
+
     /// For values read back from our own database (a CHECK constraint limits them).
     pub(crate) fn from_db(raw: &str) -> Option<Self> {
         match raw {

@@ -7,6 +7,7 @@
 mod access;
 pub mod extract;
 mod health;
+mod ledger;
 mod lifecycle;
 pub mod openapi;
 pub mod reservations;
@@ -73,6 +74,7 @@ pub struct ErrorBody {
     modifiers(&AdminAuth),
     tags(
         (name = "vouchers", description = "Voucher definitions and counts"),
+        (name = "ledger", description = "A voucher's reservations for finance: pages by status, one order, the CSV export (orders:read)"),
         (name = "lifecycle", description = "Listing, changing, pausing, resuming and archiving vouchers, and their audit trail (admin)"),
         (name = "reservations", description = "Uses of a voucher held for orders"),
         (name = "health", description = "Liveness and readiness"),
@@ -116,12 +118,13 @@ pub fn api_router(
         .routes(routes!(lifecycle::resume_voucher))
         .routes(routes!(lifecycle::archive_voucher))
         .routes(routes!(lifecycle::voucher_audit))
+        .routes(routes!(ledger::reservation_lookup, reservations::release))
+        .routes(routes!(ledger::reservation_export))
         .routes(routes!(vouchers::reload_gate))
         .routes(routes!(vouchers::order_ids))
         .routes(routes!(vouchers::order_filter))
-        .routes(routes!(reservations::reserve))
+        .routes(routes!(reservations::reserve, ledger::reservation_page))
         .routes(routes!(reservations::confirm))
-        .routes(routes!(reservations::release))
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))
         .with_state(state)

@@ -286,6 +286,15 @@ fn example_message(code: ErrorCode) -> &'static str {
     }
 }
 
+fn ledger_example() -> Value {
+    json!({
+        "orderId": "order-1001", "customerId": "42", "status": "CONFIRMED",
+        "orderAmount": 250000, "discountAmount": 100000,
+        "reservedAt": "2026-11-30T12:00:00Z", "expiresAt": "2026-11-30T12:15:00Z",
+        "confirmedAt": "2026-11-30T12:04:10Z",
+    })
+}
+
 fn success_example(schema_ref: &str) -> Option<Value> {
     let name = schema_ref.rsplit('/').next()?;
     Some(match name {
@@ -321,6 +330,8 @@ fn success_example(schema_ref: &str) -> Option<Value> {
                 "after": {"state": "paused", "version": 4, "totalLimit": 1000},
             }],
         }),
+        "LedgerEntry" => ledger_example(),
+        "ReservationPage" => json!({"items": [ledger_example()], "nextCursor": "184467"}),
         "GateReload" => json!({"code": "FLASH100", "status": "REBUILDING"}),
         "OrderIds" => json!({"code": "FLASH100", "orderIds": ["order-1001", "order-1002"]}),
         "Health" => json!({"status": "ok"}),

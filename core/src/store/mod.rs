@@ -8,7 +8,9 @@
 //! - `partitions`: which core writes which event partition, and where each one is;
 //! - `expiry`: the batch that releases reservations past their TTL;
 //! - `gate_state`: what a flash gate is loaded from and reconciled against;
-//! - `tokens`: the named API tokens, by digest.
+//! - `tokens`: the named API tokens, by digest;
+//! - `ledger`: a voucher's reservations for finance: pages by status, one order, the
+//!   export's stream.
 //!
 //! Lock order, to keep transactions free of deadlocks: a redemption row, then the
 //! `customer_usage` rows (sorted), then the `vouchers` rows (sorted). Every transaction
@@ -17,6 +19,7 @@
 mod batch;
 mod expiry;
 mod gate_state;
+mod ledger;
 mod lifecycle;
 mod partitions;
 mod reservations;
@@ -29,6 +32,7 @@ use sqlx::PgPool;
 
 pub use batch::{BatchResult, DecidedWriter, Recording, Written};
 pub use gate_state::{GateRead, ReconcileView};
+pub use ledger::LedgerRow;
 pub use lifecycle::{Actor, AuditEvent, StateChange, VoucherFilter};
 pub use partitions::{OwnedPartition, PartitionKey};
 pub use reservations::ReserveOutcome;

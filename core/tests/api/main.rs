@@ -12,6 +12,7 @@ mod flash_lifecycle;
 mod gate_load;
 mod grouped;
 mod input;
+mod ledger;
 mod lifecycle;
 mod managed;
 mod operations;
