@@ -79,10 +79,15 @@ pub enum Fault {
     /// Customers send one orderId to the round's voucher and to a second flash voucher at
     /// the same moment: one of the two may have it, never both.
     TwinOrders,
+    /// The operator's kill switch: the round's voucher is paused mid-sale (through a core's
+    /// admin API) and resumed when healed. Between the pause's answer and the resume, no
+    /// new use may be taken: every 201 to a request sent in that window is a replay, and
+    /// PostgreSQL holds the same rows of the voucher at both ends of it.
+    OperatorPause,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 21] = [
+    pub const ALL: [Fault; 22] = [
         Fault::None,
         Fault::KillCore,
         Fault::KillBothCores,
@@ -104,6 +109,7 @@ impl Fault {
         Fault::DatabaseLockHeld,
         Fault::DatabaseConnectionsTaken,
         Fault::TwinOrders,
+        Fault::OperatorPause,
     ];
 
     pub fn name(self) -> &'static str {
@@ -129,6 +135,7 @@ impl Fault {
             Fault::DatabaseLockHeld => "database-lock-held",
             Fault::DatabaseConnectionsTaken => "database-connections-taken",
             Fault::TwinOrders => "twin-orders",
+            Fault::OperatorPause => "operator-pause",
         }
     }
 
@@ -151,6 +158,8 @@ impl Fault {
 pub struct Struck {
     fault: Fault,
     core: usize,
+    /// The round's voucher.
+    code: String,
     /// Where the round's events start, per partition (for duplicates).
     round_start: Vec<(i32, i64)>,
     /// Database sessions the fault holds while it lasts (a lock, the connections taken).
@@ -159,6 +168,18 @@ pub struct Struck {
     twins: Option<tokio::task::JoinHandle<Vec<TwinOrder>>>,
     /// What the fault did, for the report (see [`Struck::effect`]).
     effect: String,
+    /// `operator-pause`: when the pause was answered and the voucher's rows then; when the
+    /// resume was sent and the rows just before.
+    paused: Option<PauseWindow>,
+}
+
+/// The window of an operator's pause, from its answer to the resume's request.
+#[derive(Debug, Clone)]
+struct PauseWindow {
+    answered: Instant,
+    rows_at_pause: i64,
+    resume_sent: Option<Instant>,
+    rows_at_resume: i64,
 }
 
 impl Fault {
@@ -176,6 +197,7 @@ impl Fault {
         let mut sessions = Vec::new();
         let mut twins = None;
         let mut effect = String::new();
+        let mut paused = None;
         match self {
             Fault::None => {}
             Fault::KillCore => stack.cores[core].kill(),
@@ -215,14 +237,25 @@ impl Fault {
                 );
             }
             Fault::TwinOrders => twins = Some(twin::race(stack, code, give_up).await?),
+            Fault::OperatorPause => {
+                lifecycle(stack, code, "pause").await?;
+                paused = Some(PauseWindow {
+                    answered: Instant::now(),
+                    rows_at_pause: voucher_rows(stack, code).await?,
+                    resume_sent: None,
+                    rows_at_resume: 0,
+                });
+            }
         }
         Ok(Struck {
             fault: self,
             core,
+            code: code.to_owned(),
             round_start,
             sessions,
             twins,
             effect,
+            paused,
         })
     }
 }
@@ -265,7 +298,69 @@ impl Struck {
             | Fault::DatabaseLockHeld
             | Fault::DatabaseConnectionsTaken
             | Fault::TwinOrders => {}
+            Fault::OperatorPause => {
+                let code = self.code.clone();
+                if let Some(window) = &mut self.paused {
+                    window.rows_at_resume = voucher_rows(stack, &code).await?;
+                    window.resume_sent = Some(Instant::now());
+                }
+                lifecycle(stack, &code, "resume").await?;
+            }
         }
+        Ok(())
+    }
+
+    /// `operator-pause`: no new use between the pause's answer and the resume's request (a
+    /// 201 to a request sent in that window must be a replay, and the voucher's rows must
+    /// not have changed); and the pause must have refused someone, or the round proved
+    /// nothing. Nothing for any other fault.
+    pub async fn check_paused(
+        &mut self,
+        code: &str,
+        checkouts: &[crate::round::Checkout],
+        violations: &mut Vec<String>,
+    ) -> anyhow::Result<()> {
+        let Some(window) = &self.paused else {
+            return Ok(());
+        };
+        let resumed = window.resume_sent.unwrap_or_else(Instant::now);
+        if window.rows_at_resume != window.rows_at_pause {
+            violations.push(format!(
+                "pause: {} rows of {code} written while it was paused",
+                window.rows_at_resume - window.rows_at_pause
+            ));
+        }
+        let inside =
+            |c: &&crate::round::Checkout| c.sent_at > window.answered && c.sent_at < resumed;
+        let fresh: Vec<&str> = checkouts
+            .iter()
+            .filter(inside)
+            .filter(|c| c.status == 201 && !c.replayed)
+            .map(|c| c.order.as_str())
+            .collect();
+        if !fresh.is_empty() {
+            violations.push(format!(
+                "pause: {} new 201s to requests sent while paused (e.g. {})",
+                fresh.len(),
+                fresh[0]
+            ));
+        }
+        let refused = checkouts
+            .iter()
+            .filter(inside)
+            .filter(|c| c.status == 409)
+            .count();
+        if refused == 0 {
+            violations.push(
+                "pause: no checkout sent while paused was refused; the round proved nothing".into(),
+            );
+        }
+        self.effect =
+            format!(
+            "paused {:.1} s: {refused} checkouts sent meanwhile refused 409, rows {} at both ends",
+            resumed.saturating_duration_since(window.answered).as_secs_f64(),
+            window.rows_at_pause
+        );
         Ok(())
     }
 
@@ -464,4 +559,31 @@ impl std::fmt::Display for Replayed {
         }
         Ok(())
     }
+}
+
+/// `POST /vouchers/{code}/{action}` through the first core's admin API, until it is
+/// answered 200 (a 503 is retried: a pause is acknowledged only once in force).
+async fn lifecycle(stack: &CampaignStack, code: &str, action: &str) -> anyhow::Result<()> {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = stack.admin().lifecycle(code, action).await.status();
+        if status == reqwest::StatusCode::OK {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < until,
+            "{action} of {code} not answered 200 within 10 s (last {status})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The rows PostgreSQL holds for `code`, whatever their status.
+async fn voucher_rows(stack: &CampaignStack, code: &str) -> anyhow::Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM redemptions WHERE voucher_code = $1")
+            .bind(code)
+            .fetch_one(&stack.pool)
+            .await?,
+    )
 }

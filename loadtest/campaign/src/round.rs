@@ -134,6 +134,10 @@ pub struct Checkout {
     /// Every status answered on the way.
     pub answers: Vec<u16>,
     pub accepted_at: Option<Instant>,
+    /// The last answer said `Idempotent-Replayed: true`.
+    pub replayed: bool,
+    /// When the request of the last answer was sent.
+    pub sent_at: Instant,
     pub released: bool,
 }
 
@@ -196,6 +200,9 @@ pub async fn run(stack: &mut CampaignStack, plan: RoundPlan) -> anyhow::Result<R
     violations.extend(report.violations);
     check_answers(&checkouts, plan.size.limit, &mut violations);
     check_replays(stack, &code, &checkouts, &mut violations).await?;
+    struck
+        .check_paused(&code, &checkouts, &mut violations)
+        .await?;
     let mut effect = struck.effect().to_owned();
     if !twins.is_empty() {
         effect = twin::check(stack, &code, &twins, healed, &mut violations).await?;
@@ -285,21 +292,42 @@ async fn customers(
     Ok(all)
 }
 
+/// The last answer of [`until_answered`]: its status, whether it said
+/// `Idempotent-Replayed`, and when its request was sent.
+pub(crate) struct Last {
+    pub status: u16,
+    pub replayed: bool,
+    pub sent_at: Instant,
+}
+
 /// Sends a request until it gets an answer other than 503 or a lost connection (status
 /// 0), or `give_up` passes; every status on the way goes to `answers`. Returns the last.
-async fn until_answered<F, R>(give_up: Instant, answers: &mut Vec<u16>, mut send: F) -> u16
+async fn until_answered<F, R>(give_up: Instant, answers: &mut Vec<u16>, mut send: F) -> Last
 where
     F: FnMut() -> R,
     R: std::future::Future<Output = reqwest::Result<reqwest::Response>>,
 {
     loop {
-        let status = send().await.map(|r| r.status().as_u16()).unwrap_or(0);
+        let sent_at = Instant::now();
+        let (status, replayed) = match send().await {
+            Ok(r) => (
+                r.status().as_u16(),
+                r.headers()
+                    .get("idempotent-replayed")
+                    .is_some_and(|v| v == "true"),
+            ),
+            Err(_) => (0, false),
+        };
         answers.push(status);
         if (status == 503 || status == 0) && Instant::now() < give_up {
             tokio::time::sleep(RETRY_PAUSE).await;
             continue;
         }
-        return status;
+        return Last {
+            status,
+            replayed,
+            sent_at,
+        };
     }
 }
 
@@ -314,15 +342,17 @@ pub(crate) async fn checkout(
     let body = json!({ "customerId": customer, "orderId": order, "orderAmount": 100_000 });
     let url = format!("{}/vouchers/{code}/reservations", api.base);
     let mut answers = Vec::new();
-    let status = until_answered(give_up, &mut answers, || {
+    let last = until_answered(give_up, &mut answers, || {
         api.client.post(&url).json(&body).send()
     })
     .await;
     Checkout {
         customer,
         order,
-        status,
-        accepted_at: (status == 201).then(Instant::now),
+        status: last.status,
+        accepted_at: (last.status == 201).then(Instant::now),
+        replayed: last.replayed,
+        sent_at: last.sent_at,
         answers,
         released: false,
     }
@@ -349,7 +379,7 @@ async fn settle_order(
         }
     })
     .await;
-    checkout.released = release && status == 200;
+    checkout.released = release && status.status == 200;
 }
 
 /// Waits until every 201 has its row, at most [`ROW_BOUND`] after the later of the 201 and

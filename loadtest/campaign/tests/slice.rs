@@ -33,10 +33,11 @@ async fn slice(seed: u64, decision: Decision, faults: &[Fault]) -> Vec<String> {
     let logs = std::env::var_os("CAMPAIGN_LOGS").map(PathBuf::from);
     let outcomes = run_plans(&binaries(), decision, plans, logs.as_deref(), |o| {
         eprintln!(
-            "{} {:?} {:?}",
+            "{} {:?} {:?} {}",
             o.plan.fault.name(),
             o.recovered_in,
-            o.violations
+            o.violations,
+            o.effect
         )
     })
     .await
@@ -69,7 +70,8 @@ async fn a_seeded_slice_of_the_campaign_passes() {
 /// earlier only lets more requests through to the database, which refuses what it cannot
 /// hold: no 201 beyond the limit. The broker's faults no longer touch the answers at all,
 /// and a core whose clock steps a minute back decides nothing by it. A PostgreSQL server
-/// that crashes and restarts mid-sale keeps every row it acknowledged.
+/// that crashes and restarts mid-sale keeps every row it acknowledged. An operator's
+/// pause mid-sale takes no new use until the resume.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_postgresql_deciding_a_gate_back_in_time_oversells_nothing() {
     let failed = slice(
@@ -82,6 +84,7 @@ async fn with_postgresql_deciding_a_gate_back_in_time_oversells_nothing() {
             Fault::PauseBroker,
             Fault::ClockBehind,
             Fault::DatabaseRestart,
+            Fault::OperatorPause,
         ],
     )
     .await;
