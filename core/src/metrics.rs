@@ -70,6 +70,8 @@ pub struct Metrics {
     pub gate_drift: IntGaugeVec,
     /// Uses left at the gate, per flash voucher (sampled by reconciliation).
     pub gate_remaining: IntGaugeVec,
+    /// Vouchers by state (active, paused, archived), read from PostgreSQL at each scrape.
+    pub vouchers: IntGaugeVec,
     /// When each live flash voucher's sale starts (Unix seconds): the dashboard's
     /// "sale start" annotation.
     pub sale_start: IntGaugeVec,
@@ -248,6 +250,12 @@ impl Metrics {
                 "voucher_gate_remaining",
                 "Uses left at the Redis gate",
                 &["voucher"],
+            ),
+            vouchers: gauge_vec(
+                &r,
+                "voucher_vouchers",
+                "Vouchers by state (active, paused, archived), as PostgreSQL holds them",
+                &["state"],
             ),
             sale_start: gauge_vec(
                 &r,
@@ -535,9 +543,27 @@ pub struct Scrape {
     pub pool: sqlx::PgPool,
 }
 
+/// How long a scrape waits for the vouchers' count by state; past it (or on an error) the
+/// gauge keeps its last value, and the scrape is answered anyway.
+const CENSUS_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(300);
+
 /// `GET /metrics` on the metrics listener.
 pub async fn serve(State(scrape): State<Scrape>) -> impl IntoResponse {
     scrape.metrics.sample(&scrape.pool);
+    let store = crate::store::Store::new(scrape.pool.clone());
+    if let Ok(Ok(counts)) = tokio::time::timeout(CENSUS_TIMEOUT, store.vouchers_by_state()).await {
+        for state in crate::domain::VoucherState::ALL {
+            let n = counts
+                .iter()
+                .find(|(s, _)| s == state.as_str())
+                .map_or(0, |(_, n)| *n);
+            scrape
+                .metrics
+                .vouchers
+                .with_label_values(&[state.as_str()])
+                .set(n);
+        }
+    }
     (
         [(CONTENT_TYPE, "text/plain; version=0.0.4")],
         scrape.metrics.render(),

@@ -44,6 +44,8 @@ pub enum VoucherState {
 }
 
 impl VoucherState {
+    pub const ALL: [VoucherState; 3] = [Self::Active, Self::Paused, Self::Archived];
+
     pub fn parse(raw: &str) -> Result<Self, FieldError> {
         match raw {
             "active" => Ok(Self::Active),

@@ -264,6 +264,15 @@ impl Store {
         audit(&mut conn, by, action, Some(voucher), voucher).await
     }
 
+    /// How many vouchers are in each state (the metrics' census).
+    pub async fn vouchers_by_state(&self) -> Result<Vec<(String, i64)>> {
+        Ok(
+            sqlx::query_as("SELECT state, count(*) FROM vouchers GROUP BY state")
+                .fetch_all(self.pool())
+                .await?,
+        )
+    }
+
     /// One page of vouchers in code order (byte by byte), as `filter` says.
     #[tracing::instrument(name = "db.list_vouchers", skip_all)]
     pub async fn list_vouchers(&self, filter: &VoucherFilter) -> Result<Vec<(Voucher, i32)>> {
