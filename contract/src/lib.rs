@@ -7,6 +7,7 @@
 //! - [`request`]: how a request is read where edge and core must agree (identifiers,
 //!   percent-decoding, the reservation body);
 //! - [`order_filter`]: the compact set of a sold-out voucher's orderIds the edge fetches;
+//! - [`exposition`]: reading the Prometheus text both expose (tests, `voucherctl watch`);
 //! - [`availability_channel`]: the Redis Pub/Sub channel on which cores announce uses given
 //!   back, derived from the one Redis key prefix both sides are configured with.
 //!
@@ -17,6 +18,7 @@
 //! and a web framework can both use it.
 
 mod codes;
+pub mod exposition;
 pub mod order_filter;
 #[cfg(feature = "redis")]
 pub mod redis_tls;

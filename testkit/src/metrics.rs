@@ -1,142 +1,29 @@
-//! One reader of the Prometheus text format for every test and the benchmark: what a
-//! scrape says. Hand-written because label values here hold braces (route templates such
-//! as `/vouchers/{code}/reservations`), which the parser crates we tried split wrongly;
-//! it reads sample lines only, which is all a test asks about.
+//! What a scrape of the edge's or a core's `/metrics` says, for the tests and the
+//! benchmark: the wire contract's reader (`voucher_contract::exposition`), panicking on a
+//! line that is not a sample (the exporters are ours).
 
-use std::collections::HashMap;
-
-/// One sample: `name{label="value",...} value`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Sample {
-    pub name: String,
-    pub labels: HashMap<String, String>,
-    pub value: f64,
-}
+use voucher_contract::exposition::{Sample, Scrape};
 
 /// One scrape of a `/metrics` endpoint.
-pub struct Metrics(Vec<Sample>);
+pub struct Metrics(Scrape);
 
 impl Metrics {
-    /// Reads every sample line; panics on a line that is not one (the exporters are ours).
+    /// Reads every sample line; panics on a line that is not one.
     pub fn parse(text: &str) -> Self {
-        let samples = text
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty() && !l.starts_with('#'))
-            .map(|l| parse_sample(l).unwrap_or_else(|| panic!("not a sample line: {l:?}")))
-            .collect();
-        Self(samples)
+        Self(Scrape::parse(text).unwrap_or_else(|l| panic!("not a sample line: {l:?}")))
     }
 
     pub fn samples(&self) -> &[Sample] {
-        &self.0
+        self.0.samples()
     }
 
     /// The sum of the samples named `name` whose labels include `labels`.
     pub fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        self.0
-            .iter()
-            .filter(|s| s.name == name)
-            .filter(|s| {
-                labels
-                    .iter()
-                    .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
-            })
-            .map(|s| s.value)
-            .sum()
+        self.0.sum(name, labels)
     }
 
     /// The number of series (sample lines) in the scrape: what a label set costs.
     pub fn series(&self) -> usize {
-        self.0.len()
-    }
-}
-
-fn parse_sample(line: &str) -> Option<Sample> {
-    let name_end = line.find(['{', ' '])?;
-    let name = line[..name_end].to_owned();
-    let mut rest = &line[name_end..];
-    let mut labels = HashMap::new();
-    if let Some(inner) = rest.strip_prefix('{') {
-        let (parsed, after) = parse_labels(inner)?;
-        labels = parsed;
-        rest = after;
-    }
-    let value = rest.split_whitespace().next()?;
-    let value = match value {
-        "+Inf" => f64::INFINITY,
-        "-Inf" => f64::NEG_INFINITY,
-        v => v.parse().ok()?,
-    };
-    Some(Sample {
-        name,
-        labels,
-        value,
-    })
-}
-
-/// `key="value",...}` with escapes in values; returns the labels and what follows `}`.
-fn parse_labels(mut s: &str) -> Option<(HashMap<String, String>, &str)> {
-    let mut labels = HashMap::new();
-    loop {
-        s = s.trim_start_matches([',', ' ']);
-        if let Some(after) = s.strip_prefix('}') {
-            return Some((labels, after));
-        }
-        let eq = s.find('=')?;
-        let key = s[..eq].trim().to_owned();
-        let mut chars = s[eq + 1..].strip_prefix('"')?.char_indices();
-        let mut value = String::new();
-        let end = loop {
-            let (i, c) = chars.next()?;
-            match c {
-                '"' => break i,
-                '\\' => match chars.next()?.1 {
-                    'n' => value.push('\n'),
-                    other => value.push(other),
-                },
-                c => value.push(c),
-            }
-        };
-        labels.insert(key, value);
-        s = &s[eq + 2 + end + 1..];
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sums_counters_by_label() {
-        let m = Metrics::parse(
-            "# TYPE r counter\nr{route=\"a\",code=\"OK\"} 2\nr{route=\"a\",code=\"X\"} 3\nr{route=\"b\",code=\"OK\"} 5\nplain 1.5e3\n",
-        );
-        assert_eq!(m.sum("r", &[("route", "a")]), 5.0);
-        assert_eq!(m.sum("r", &[]), 10.0);
-        assert_eq!(m.sum("missing", &[]), 0.0);
-        assert_eq!(m.sum("plain", &[]), 1500.0);
-        assert_eq!(m.series(), 4);
-    }
-
-    #[test]
-    fn escaped_quotes_and_buckets_read_right() {
-        let m = Metrics::parse(
-            "x{msg=\"say \\\"hi\\\"\",b=\"2\"} 1\nh_bucket{le=\"+Inf\"} 4 1700000000\n",
-        );
-        assert_eq!(m.samples()[0].labels["msg"], "say \"hi\"");
-        assert_eq!(m.samples()[0].labels["b"], "2");
-        assert_eq!(m.sum("h_bucket", &[("le", "+Inf")]), 4.0);
-    }
-
-    #[test]
-    fn label_values_may_hold_braces() {
-        let m = Metrics::parse(
-            "# TYPE h counter\nh{method=\"POST\",route=\"/vouchers/{code}/reservations\"} 7\n",
-        );
-        assert_eq!(
-            m.sum("h", &[("route", "/vouchers/{code}/reservations")]),
-            7.0
-        );
+        self.0.series()
     }
 }
