@@ -232,29 +232,13 @@ async fn run(cli: Cli) -> Result<()> {
             show(&made.body);
         }
         Command::List { mode, state, phase } => {
-            let mut cursor: Option<String> = None;
-            let mut all = Vec::new();
-            loop {
-                let mut query = vec![("limit", "500".to_owned())];
-                for (key, value) in [("mode", &mode), ("state", &state), ("phase", &phase)] {
-                    if let Some(v) = value {
-                        query.push((key, v.clone()));
-                    }
-                }
-                if let Some(c) = &cursor {
-                    query.push(("cursor", c.clone()));
-                }
-                let text: Vec<String> = query.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                let page = api
-                    .get("", &format!("/vouchers?{}", text.join("&")))
-                    .await?
-                    .body;
-                all.extend(page["items"].as_array().cloned().unwrap_or_default());
-                match page["nextCursor"].as_str() {
-                    Some(next) => cursor = Some(next.to_owned()),
-                    None => break,
+            let mut query = vec!["limit=500".to_owned()];
+            for (key, value) in [("mode", &mode), ("state", &state), ("phase", &phase)] {
+                if let Some(v) = value {
+                    query.push(format!("{key}={v}"));
                 }
             }
+            let all = every_page(&api, "", &format!("/vouchers?{}", query.join("&"))).await?;
             if cli.json {
                 print_json(&Value::Array(all));
             } else {
@@ -380,20 +364,7 @@ async fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Audit { code } => {
-            let mut cursor: Option<String> = None;
-            let mut all = Vec::new();
-            loop {
-                let path = match &cursor {
-                    Some(c) => format!("/vouchers/{code}/audit?limit=500&cursor={c}"),
-                    None => format!("/vouchers/{code}/audit?limit=500"),
-                };
-                let page = api.get(&code, &path).await?.body;
-                all.extend(page["items"].as_array().cloned().unwrap_or_default());
-                match page["nextCursor"].as_str() {
-                    Some(next) => cursor = Some(next.to_owned()),
-                    None => break,
-                }
-            }
+            let all = every_page(&api, &code, &format!("/vouchers/{code}/audit?limit=500")).await?;
             if cli.json {
                 print_json(&Value::Array(all));
             } else {
@@ -420,6 +391,20 @@ async fn run(cli: Cli) -> Result<()> {
         } => watch::watch(&api, &code, &core_metrics, &edge_metrics, interval, once).await?,
     }
     Ok(())
+}
+
+/// Every item of a paged list (`items`, `nextCursor`), `path` already carrying a query.
+async fn every_page(api: &Api, code: &str, path: &str) -> Result<Vec<Value>> {
+    let mut all = Vec::new();
+    let mut next = path.to_owned();
+    loop {
+        let page = api.get(code, &next).await?.body;
+        all.extend(page["items"].as_array().cloned().unwrap_or_default());
+        match page["nextCursor"].as_str() {
+            Some(cursor) => next = format!("{path}&cursor={cursor}"),
+            None => return Ok(all),
+        }
+    }
 }
 
 async fn lifecycle(api: &Api, code: &str, action: &str, show: &impl Fn(&Value)) -> Result<()> {
