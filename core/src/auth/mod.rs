@@ -28,9 +28,10 @@ use crate::Error;
 pub enum Scope {
     /// Create, change, pause, resume, archive vouchers; reload gates.
     VouchersWrite,
-    /// List vouchers.
+    /// List vouchers; with `OrdersRead`, read their reservations.
     VouchersRead,
-    /// Read a voucher's orders: its order list and filter, its reservations and exports.
+    /// Read a voucher's orders: its order list and filter; with `VouchersRead`, its
+    /// reservations and exports.
     OrdersRead,
     /// Read the audit trail.
     AuditRead,

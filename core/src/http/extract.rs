@@ -163,7 +163,7 @@ fn authorize(parts: &Parts, state: &AppState, scope: Scope) -> Result<Actor, Err
 
 /// An extractor proving that the request's token holds one scope, with who it is.
 macro_rules! scoped {
-    ($(#[$doc:meta])* $name:ident, $scope:expr) => {
+    ($(#[$doc:meta])* $name:ident, $($scope:expr),+) => {
         $(#[$doc])*
         pub struct $name(pub Actor);
 
@@ -174,7 +174,13 @@ macro_rules! scoped {
                 parts: &mut Parts,
                 state: &AppState,
             ) -> Result<Self, Self::Rejection> {
-                authorize(parts, state, $scope).map($name)
+                // Every scope must be held; the first missing one is the answer.
+                let scopes = [$($scope),+];
+                let mut actor = authorize(parts, state, scopes[0])?;
+                for scope in &scopes[1..] {
+                    actor = authorize(parts, state, *scope)?;
+                }
+                Ok($name(actor))
             }
         }
     };
@@ -191,8 +197,17 @@ scoped!(
     Scope::VouchersRead
 );
 scoped!(
-    /// `orders:read`: a voucher's orders (the edge's token holds this one only).
+    /// `orders:read`: a voucher's order list and filter (the edge's token holds this one
+    /// only).
     OrdersReader,
+    Scope::OrdersRead
+);
+scoped!(
+    /// `vouchers:read` and `orders:read`: a voucher's reservations with their customers
+    /// and amounts (pages, one order, the export). Two scopes, so that the edge's token,
+    /// which holds `orders:read` alone, reads order filters and nothing else.
+    LedgerReader,
+    Scope::VouchersRead,
     Scope::OrdersRead
 );
 scoped!(

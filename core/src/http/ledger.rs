@@ -1,4 +1,4 @@
-//! A voucher's reservations for the people who count money (`orders:read`): pages by
+//! A voucher's reservations for the people who count money (`vouchers:read` and `orders:read`): pages by
 //! status, one order, and the CSV export of any size, streamed in constant memory.
 
 use axum::body::{Body, Bytes};
@@ -12,7 +12,7 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::extract::{ApiPath, ApiQuery, OrdersReader};
+use super::extract::{ApiPath, ApiQuery, LedgerReader};
 use super::{AppState, ErrorBody};
 use crate::domain::{FieldError, OrderId, ReservationStatus, VoucherCode};
 use crate::store::LedgerRow;
@@ -82,11 +82,11 @@ fn invalid_cursor() -> Error {
     Error::InvalidRequest(FieldError::new("cursor", "is not a cursor of this list"))
 }
 
-/// A voucher's reservations in one status, page by page (`orders:read`).
+/// A voucher's reservations in one status, page by page (`vouchers:read` and `orders:read`).
 #[utoipa::path(
     get, path = "/vouchers/{code}/reservations", tag = "ledger",
     params(("code" = String, Path), PageParams),
-    security(("token" = ["orders:read"])),
+    security(("token" = ["vouchers:read", "orders:read"])),
     responses(
         (status = 200, description = "One page", body = ReservationPage),
         (status = 400, description = "INVALID_REQUEST (with `field`)", body = ErrorBody),
@@ -99,7 +99,7 @@ fn invalid_cursor() -> Error {
 #[tracing::instrument(name = "reservation_page", skip_all, fields(code = %code))]
 pub async fn reservation_page(
     State(state): State<AppState>,
-    _reader: OrdersReader,
+    _reader: LedgerReader,
     ApiPath(code): ApiPath<String>,
     ApiQuery(params): ApiQuery<PageParams>,
 ) -> Result<Json<ReservationPage>> {
@@ -137,11 +137,11 @@ pub async fn reservation_page(
     }))
 }
 
-/// A voucher's reservation for one order (`orders:read`).
+/// A voucher's reservation for one order (`vouchers:read` and `orders:read`).
 #[utoipa::path(
     get, path = "/vouchers/{code}/reservations/{orderId}", tag = "ledger",
     params(("code" = String, Path), ("orderId" = String, Path)),
-    security(("token" = ["orders:read"])),
+    security(("token" = ["vouchers:read", "orders:read"])),
     responses(
         (status = 200, description = "The reservation", body = LedgerEntry),
         (status = 400, description = "INVALID_REQUEST", body = ErrorBody),
@@ -154,7 +154,7 @@ pub async fn reservation_page(
 #[tracing::instrument(name = "reservation_lookup", skip_all, fields(code = %code))]
 pub async fn reservation_lookup(
     State(state): State<AppState>,
-    _reader: OrdersReader,
+    _reader: LedgerReader,
     ApiPath((code, order_id)): ApiPath<(String, String)>,
 ) -> Result<Json<LedgerEntry>> {
     let code = VoucherCode::parse(code)?;
@@ -213,7 +213,7 @@ fn csv_chunk(rows: &[LedgerRow], header: bool) -> std::result::Result<Bytes, csv
         .map_err(|e| csv::Error::from(e.into_error()))
 }
 
-/// Every reservation of a voucher as CSV, streamed (`orders:read`).
+/// Every reservation of a voucher as CSV, streamed (`vouchers:read` and `orders:read`).
 ///
 /// Any size, in constant memory: rows are read from PostgreSQL as the client takes them.
 /// A failure after the first bytes ends the answer early (its last line is then
@@ -222,7 +222,7 @@ fn csv_chunk(rows: &[LedgerRow], header: bool) -> std::result::Result<Bytes, csv
 #[utoipa::path(
     get, path = "/vouchers/{code}/export", tag = "ledger",
     params(("code" = String, Path), ExportParams),
-    security(("token" = ["orders:read"])),
+    security(("token" = ["vouchers:read", "orders:read"])),
     responses(
         (status = 200, description = "CSV with a header line: order_id, customer_id, status, \
             order_amount, discount_amount, reserved_at, expires_at, confirmed_at, released_at",
@@ -237,7 +237,7 @@ fn csv_chunk(rows: &[LedgerRow], header: bool) -> std::result::Result<Bytes, csv
 #[tracing::instrument(name = "reservation_export", skip_all, fields(code = %code))]
 pub async fn reservation_export(
     State(state): State<AppState>,
-    _reader: OrdersReader,
+    _reader: LedgerReader,
     ApiPath(code): ApiPath<String>,
     ApiQuery(params): ApiQuery<ExportParams>,
 ) -> Result<Response> {

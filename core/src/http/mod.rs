@@ -74,7 +74,7 @@ pub struct ErrorBody {
     modifiers(&AdminAuth),
     tags(
         (name = "vouchers", description = "Voucher definitions and counts"),
-        (name = "ledger", description = "A voucher's reservations for finance: pages by status, one order, the CSV export (orders:read)"),
+        (name = "ledger", description = "A voucher's reservations for finance: pages by status, one order, the CSV export (vouchers:read and orders:read)"),
         (name = "lifecycle", description = "Listing, changing, pausing, resuming and archiving vouchers, and their audit trail (admin)"),
         (name = "reservations", description = "Uses of a voucher held for orders"),
         (name = "health", description = "Liveness and readiness"),

@@ -3,14 +3,18 @@
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
-use crate::helpers::{voucher_body, TestEnv, ORDERS_TOKEN};
+use crate::helpers::{voucher_body, TestEnv, ADMIN_TOKEN, ORDERS_TOKEN};
 use crate::invariants::Accepted;
 
 async fn get(env: &TestEnv, path: &str) -> reqwest::Response {
+    get_with(env, path, ADMIN_TOKEN).await
+}
+
+async fn get_with(env: &TestEnv, path: &str, token: &str) -> reqwest::Response {
     env.app
         .client
         .request(Method::GET, format!("{}{path}", env.app.base))
-        .bearer_auth(ORDERS_TOKEN)
+        .bearer_auth(token)
         .send()
         .await
         .expect("sent")
@@ -103,6 +107,18 @@ async fn reservations_page_by_status_and_one_order_is_looked_up() {
         .await
         .expect("sent");
     assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
+    // The edge's token reads order filters and nothing else: not customers and amounts.
+    for path in [
+        "/vouchers/BOOKS/reservations?status=RESERVED",
+        "/vouchers/BOOKS/reservations/o1",
+        "/vouchers/BOOKS/export",
+    ] {
+        assert_eq!(
+            get_with(&env, path, ORDERS_TOKEN).await.status(),
+            StatusCode::FORBIDDEN,
+            "{path}"
+        );
+    }
     env.finish(&accepted).await;
 }
 

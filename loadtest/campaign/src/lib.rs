@@ -104,13 +104,18 @@ mod tests {
     use super::*;
 
     /// SEED=1 draws the rounds of the committed `reports/campaign/REPORT.md` (its first ten
-    /// rows: fault, struck at, lasted).
+    /// rows: fault, struck at, lasted), from the faults it was drawn from: every fault
+    /// before `operator-pause`, which came after it (a new fault changes every draw).
     #[test]
     fn seed_1_replays_the_committed_campaign() {
+        let before_pause: Vec<Fault> = Fault::ALL
+            .into_iter()
+            .filter(|f| *f != Fault::OperatorPause)
+            .collect();
         let campaign = Campaign {
             seed: 1,
             rounds: 10,
-            faults: Fault::ALL.to_vec(),
+            faults: before_pause,
             size: RoundSize::FULL,
             decision: Decision::Database,
         };
