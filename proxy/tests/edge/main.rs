@@ -1149,3 +1149,40 @@ async fn a_paused_voucher_is_answered_at_the_edge_until_it_is_resumed() {
         ])
         .await;
 }
+
+/// Marketing raises the limit of a sold-out voucher: the gate takes the new uses in one
+/// step and announces them, every edge drops its sold-out flag at once (its TTL is 60 s),
+/// and newcomers through the edge are served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_raised_limit_drops_the_sold_out_flag_at_the_edge_at_once() {
+    let stack = stack(Duration::from_secs(60)).await;
+    stack
+        .app()
+        .given_voucher(flash_voucher("UPLIFT", 1, 1))
+        .await;
+    let edge = &stack.edge().api;
+    let first = edge.reserve("UPLIFT", "alice", "a-1", 100_000).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    until_edge_answers(&stack, "UPLIFT").await;
+
+    let raised = stack
+        .app()
+        .change("UPLIFT", 1, &serde_json::json!({ "totalLimit": 2 }))
+        .await;
+    assert_eq!(raised.status(), StatusCode::OK);
+    eventually(
+        Duration::from_secs(2),
+        "a newcomer served after the raise",
+        || async {
+            let resp = edge.reserve("UPLIFT", "bob", "b-1", 100_000).await;
+            (resp.status() == StatusCode::CREATED).then_some(())
+        },
+    )
+    .await;
+    stack
+        .finish(&[
+            Accepted::new("UPLIFT", "alice", "a-1"),
+            Accepted::new("UPLIFT", "bob", "b-1"),
+        ])
+        .await;
+}
