@@ -312,3 +312,22 @@ fn alert_rules_pass_promtool_check_and_unit_tests() {
         );
     }
 }
+
+/// Every alert says what it means (`description`) and links its section of the runbook
+/// (`runbook_url`, relative to the repository), and the runbook has that section.
+#[test]
+fn every_alert_has_a_description_and_a_runbook_section() {
+    let rules = std::fs::read_to_string(repo().join("dashboards/alerts.yml")).expect("alerts.yml");
+    let runbook = std::fs::read_to_string(repo().join("docs/RUNBOOK.md")).expect("docs/RUNBOOK.md");
+    let alerts: Vec<&str> = rules.split("- alert: ").skip(1).collect();
+    assert!(alerts.len() >= 13, "{} alerts", alerts.len());
+    for alert in alerts {
+        let name = alert.split_whitespace().next().unwrap_or_default();
+        // The rule's own lines: up to the next rule.
+        let body = alert.split("\n      - ").next().unwrap_or_default();
+        assert!(body.contains("description: \""), "{name} has no description");
+        let url = format!("runbook_url: \"docs/RUNBOOK.md#{}\"", name.to_lowercase());
+        assert!(body.contains(&url), "{name}: no {url}");
+        assert!(runbook.contains(&format!("\n## {name}\n")), "docs/RUNBOOK.md has no section {name}");
+    }
+}
