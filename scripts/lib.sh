@@ -170,6 +170,19 @@ ensure_schemathesis() {
   hash -r
 }
 
+# openapi-python-client (PyPI): the tests generate a client from the committed
+# openapi.json and make a reservation with it, as a client team would.
+OPENAPI_CLIENT_VERSION=0.29.1
+ensure_openapi_client() {
+  if command -v openapi-python-client >/dev/null 2>&1 \
+    && openapi-python-client --version 2>/dev/null | grep -q "$OPENAPI_CLIENT_VERSION"; then
+    return 0
+  fi
+  log "installing openapi-python-client $OPENAPI_CLIENT_VERSION (pip)"
+  pip install -q "openapi-python-client==$OPENAPI_CLIENT_VERSION"
+  hash -r
+}
+
 # socat (Debian package): the TLS listener in front of tansu in the test of managed
 # dependencies (tansu 0.6 has no TLS listener of its own).
 ensure_socat() {

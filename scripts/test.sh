@@ -14,4 +14,5 @@ ensure_prometheus
 ensure_faketime
 ensure_schemathesis
 ensure_socat
+ensure_openapi_client
 cargo test --workspace --locked "$@"

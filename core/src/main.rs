@@ -28,11 +28,17 @@ enum Command {
     /// Named API tokens with scopes, stored as digests (see `voucher_core::auth`).
     #[command(subcommand)]
     Tokens(voucher_core::auth::cli::TokensCommand),
+    /// Print the OpenAPI document the API serves (the repository's `openapi.json`).
+    Openapi,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = <Cli as clap::Parser>::parse();
+    if let Some(Command::Openapi) = cli.command {
+        println!("{:#}", voucher_core::http::openapi_json());
+        return Ok(());
+    }
     let settings = Settings::load()?;
     if let Some(Command::Tokens(command)) = cli.command {
         return voucher_core::auth::cli::run(&settings, command).await;

@@ -104,14 +104,9 @@ impl Modify for AdminAuth {
     }
 }
 
-/// The public router, and the OpenAPI document that describes it.
-pub fn api_router(
-    state: AppState,
-    metrics: Arc<Metrics>,
-    max_body_bytes: usize,
-    access_log: bool,
-) -> (Router, OpenApiDoc) {
-    let (router, doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+/// Every route of the API, with its document: the one table both are made from.
+fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(vouchers::create_voucher, lifecycle::list_vouchers))
         .routes(routes!(vouchers::get_voucher, lifecycle::change_voucher))
         .routes(routes!(lifecycle::pause_voucher))
@@ -127,8 +122,22 @@ pub fn api_router(
         .routes(routes!(reservations::confirm))
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))
-        .with_state(state)
-        .split_for_parts();
+}
+
+/// The OpenAPI document the API serves at `/openapi.json`, as JSON: what
+/// `voucher-core openapi` prints and the repository's `openapi.json` holds.
+pub fn openapi_json() -> serde_json::Value {
+    openapi::complete(&routes().split_for_parts().1)
+}
+
+/// The public router, and the OpenAPI document that describes it.
+pub fn api_router(
+    state: AppState,
+    metrics: Arc<Metrics>,
+    max_body_bytes: usize,
+    access_log: bool,
+) -> (Router, OpenApiDoc) {
+    let (router, doc) = routes().with_state(state).split_for_parts();
     // Rendered once; each answer shares the bytes. (axum clones the router's handlers for
     // every connection it serves: a handler holding the document as a JSON tree cost each
     // connection a deep copy of it, 660 KB, measured: 1,024 connections took a core from

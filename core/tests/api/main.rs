@@ -6,6 +6,7 @@ mod clock;
 mod concurrency;
 mod constraints;
 mod consumer;
+mod contract_file;
 mod expiry;
 mod flash;
 mod flash_lifecycle;

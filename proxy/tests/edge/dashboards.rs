@@ -325,9 +325,15 @@ fn every_alert_has_a_description_and_a_runbook_section() {
         let name = alert.split_whitespace().next().unwrap_or_default();
         // The rule's own lines: up to the next rule.
         let body = alert.split("\n      - ").next().unwrap_or_default();
-        assert!(body.contains("description: \""), "{name} has no description");
+        assert!(
+            body.contains("description: \""),
+            "{name} has no description"
+        );
         let url = format!("runbook_url: \"docs/RUNBOOK.md#{}\"", name.to_lowercase());
         assert!(body.contains(&url), "{name}: no {url}");
-        assert!(runbook.contains(&format!("\n## {name}\n")), "docs/RUNBOOK.md has no section {name}");
+        assert!(
+            runbook.contains(&format!("\n## {name}\n")),
+            "docs/RUNBOOK.md has no section {name}"
+        );
     }
 }
