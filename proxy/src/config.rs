@@ -15,8 +15,22 @@ pub struct EdgeSettings {
     pub listen: String,
     /// Prometheus metrics listener, off the public one.
     pub metrics_listen: String,
-    /// Core instances (`host:port`), balanced round-robin among the healthy ones.
+    /// Core instances (`host:port`), balanced round-robin among the ready ones. A host may
+    /// be a DNS name: every address it resolves to is a core (a Kubernetes headless
+    /// Service), resolved again every `upstream_resolve_interval`, so cores that come are
+    /// found and cores that go are forgotten.
     pub upstreams: Vec<String>,
+    /// How often the upstreams' names are resolved again.
+    #[serde(with = "humantime_serde")]
+    pub upstream_resolve_interval: Duration,
+    /// After SIGTERM, `GET /readyz` answers 503 this long while every request is still
+    /// served (the balancer in front stops sending), then the listener closes.
+    #[serde(with = "humantime_serde")]
+    pub drain_delay: Duration,
+    /// Then requests in flight get this long before the process exits (whole seconds,
+    /// rounded up: pingora's grace period).
+    #[serde(with = "humantime_serde")]
+    pub shutdown_deadline: Duration,
     /// The cores' `admin.orders_token`: the edge reads the order list of a sold-out voucher
     /// with it, and it can do nothing else. Never forwarded from clients: admin calls are
     /// refused at the edge. (`admin_token`, its former name, is still read.)
@@ -113,6 +127,9 @@ impl Default for EdgeSettings {
             listen: "127.0.0.1:8080".into(),
             metrics_listen: "127.0.0.1:9180".into(),
             upstreams: vec!["127.0.0.1:8081".into()],
+            upstream_resolve_interval: Duration::from_secs(5),
+            drain_delay: Duration::from_secs(5),
+            shutdown_deadline: Duration::from_secs(5),
             orders_token: SecretString::default(),
             sold_out_answers: true,
             sold_out_ttl: Duration::from_secs(2),
@@ -179,6 +196,18 @@ impl EdgeSettings {
         anyhow::ensure!(
             !self.upstreams.is_empty(),
             "at least one upstream is needed"
+        );
+        for upstream in &self.upstreams {
+            anyhow::ensure!(
+                upstream
+                    .rsplit_once(':')
+                    .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok()),
+                "upstream {upstream:?} is not host:port (the host an address or a DNS name)"
+            );
+        }
+        anyhow::ensure!(
+            !self.upstream_resolve_interval.is_zero(),
+            "upstream_resolve_interval must be more than zero"
         );
         anyhow::ensure!(
             !self.sold_out_answers || self.redis_url.is_some(),

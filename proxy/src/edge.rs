@@ -32,10 +32,15 @@ pub struct Edge {
     pub request_ids: request::RequestIds,
     /// Bounds the reservations the edge has at the cores at once (`admission`).
     pub admission: voucher_admission::Limiter,
+    /// Set on SIGTERM: the edge's `readyz` answers 503 while it drains (`server::Drain`).
+    pub draining: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The edge's own health endpoint (answered by the edge, never forwarded).
 pub const EDGE_HEALTH_PATH: &str = "/healthz";
+/// The edge's own readiness (answered by the edge, never forwarded): 200 while it has a
+/// ready core and is not draining, 503 otherwise.
+pub const EDGE_READINESS_PATH: &str = "/readyz";
 
 /// Per-request state carried between the phases.
 pub struct Ctx {

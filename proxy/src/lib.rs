@@ -17,6 +17,7 @@
 //! availability channel) comes from the `voucher-contract` crate, never from a copy.
 
 pub mod config;
+pub mod discovery;
 pub mod edge;
 pub mod flagging;
 pub mod metrics;

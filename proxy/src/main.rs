@@ -36,5 +36,5 @@ fn main() -> anyhow::Result<()> {
         logs.init();
     }
     tracing::info!(listen = %settings.listen, upstreams = ?settings.upstreams, "voucher-edge starting");
-    voucher_edge::server::build(settings)?.run_forever()
+    voucher_edge::server::build(settings)?.run()
 }

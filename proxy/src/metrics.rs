@@ -52,10 +52,11 @@ const ROUTES: [&str; 6] = [
     "other",
 ];
 /// The edge's outcomes (`forwarded`, `upstream_error`, and `OwnAnswer::outcome`).
-const OUTCOMES: [&str; 11] = [
+const OUTCOMES: [&str; 12] = [
     "forwarded",
     "upstream_error",
     "health",
+    "readiness",
     "rate_limited",
     "headers_too_large",
     "admin_refused",

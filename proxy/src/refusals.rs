@@ -12,7 +12,7 @@ use pingora::{Error, ErrorType, Result};
 use voucher_contract::request::{self, ReserveBody, VOUCHER_CODE};
 use voucher_contract::{headers, ErrorCode, Route, RETRY_AFTER_SECS};
 
-use crate::edge::{write_json, Ctx, Edge, EDGE_HEALTH_PATH};
+use crate::edge::{write_json, Ctx, Edge, EDGE_HEALTH_PATH, EDGE_READINESS_PATH};
 use crate::rate_limit::Limited;
 use crate::sold_out::{Refusal, Verdict};
 
@@ -21,6 +21,8 @@ use crate::sold_out::{Refusal, Verdict};
 pub(crate) enum OwnAnswer {
     /// `GET /healthz`: the edge's own liveness.
     Health,
+    /// `GET /readyz`: the edge's own readiness (see [`Edge::readiness`]).
+    Readiness,
     /// 429: over the per-address or per-customer rate.
     RateLimited(Limited),
     /// 431: request line and headers over `max_header_bytes`.
@@ -42,6 +44,7 @@ impl OwnAnswer {
     pub(crate) fn outcome(self) -> &'static str {
         match self {
             Self::Health => "health",
+            Self::Readiness => "readiness",
             Self::RateLimited(_) => "rate_limited",
             Self::HeadersTooLarge => "headers_too_large",
             Self::AdminRefused => "admin_refused",
@@ -62,8 +65,11 @@ impl Edge {
         ctx: &mut Ctx,
     ) -> Result<Option<OwnAnswer>> {
         self.assign_request_id(session, ctx)?;
-        if is_health_probe(session) {
+        if is_probe(session, EDGE_HEALTH_PATH) {
             return Ok(Some(OwnAnswer::Health));
+        }
+        if is_probe(session, EDGE_READINESS_PATH) {
+            return Ok(Some(OwnAnswer::Readiness));
         }
         let header = session.req_header();
         ctx.route = Route::classify(header.method.as_str(), header.uri.path());
@@ -84,6 +90,15 @@ impl Edge {
             OwnAnswer::Health => {
                 write_json(session, 200, &serde_json::json!({ "status": "ok" }), &[]).await
             }
+            OwnAnswer::Readiness => match self.readiness() {
+                Ok(()) => {
+                    write_json(session, 200, &serde_json::json!({ "status": "ready" }), &[]).await
+                }
+                Err(why) => {
+                    self.answer(session, 503, ErrorCode::ServiceUnavailable, why)
+                        .await
+                }
+            },
             OwnAnswer::RateLimited(by) => self.rate_limited(session, by).await,
             OwnAnswer::HeadersTooLarge => {
                 let message = format!(
@@ -335,9 +350,25 @@ impl Edge {
 
 /// The edge's own liveness, whatever the cores do: a probe of the edge must not fail
 /// because every core is down (that is what /readyz of the cores is for).
-fn is_health_probe(session: &Session) -> bool {
+fn is_probe(session: &Session, path: &str) -> bool {
     let header = session.req_header();
-    header.method == "GET" && header.uri.path() == EDGE_HEALTH_PATH
+    header.method == "GET" && header.uri.path() == path
+}
+
+impl Edge {
+    /// Whether a balancer should send this edge traffic: not while it drains, and not
+    /// while no core it knows passes its readiness check (it would answer 502s).
+    pub(crate) fn readiness(&self) -> std::result::Result<(), &'static str> {
+        if self.draining.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err("the edge is draining before it stops");
+        }
+        let backends = self.upstreams.backends();
+        if backends.get_backend().iter().any(|b| backends.ready(b)) {
+            Ok(())
+        } else {
+            Err("no core is ready")
+        }
+    }
 }
 
 fn admin_refused(route: &Route) -> Option<OwnAnswer> {

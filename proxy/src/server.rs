@@ -1,20 +1,23 @@
-//! Assembling the Pingora server: the proxy service, upstream health checks, the
-//! availability subscription and pingora's Prometheus service on the metrics listener.
+//! Assembling the Pingora server: the proxy service, the cores found by `discovery` and
+//! checked for readiness, the availability subscription, pingora's Prometheus service on
+//! the metrics listener, and the drain on SIGTERM.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use pingora::http::RequestHeader;
 use pingora::lb::health_check::HttpHealthCheck;
-use pingora::lb::LoadBalancer;
+use pingora::lb::{Backends, LoadBalancer};
 use pingora::listeners::{L4BufferSettings, ListenerConfig};
 use pingora::server::configuration::ServerConf;
-use pingora::server::{Server, ShutdownWatch};
+use pingora::server::{RunArgs, Server, ShutdownSignal, ShutdownSignalWatch, ShutdownWatch};
 use pingora::services::background::{background_service, BackgroundService};
 use secrecy::ExposeSecret;
 
 use crate::config::EdgeSettings;
+use crate::discovery::Resolver;
 use crate::edge::Edge;
 use crate::flagging::Flagger;
 use crate::metrics::EdgeMetrics;
@@ -62,23 +65,79 @@ fn readiness_check(settings: &EdgeSettings) -> anyhow::Result<Box<HttpHealthChec
     Ok(Box::new(check))
 }
 
-/// Builds the server; `run_forever` it.
-pub fn build(settings: EdgeSettings) -> anyhow::Result<Server> {
+/// The edge's server and how it drains; [`EdgeServer::run`] it.
+pub struct EdgeServer {
+    server: Server,
+    drain: Drain,
+}
+
+/// SIGTERM as the cores take it: `GET /readyz` turns 503 at once while every request is
+/// still served, for `drain_delay`; only then is pingora told to stop (its listener closes,
+/// requests in flight get its grace period, `shutdown_deadline`). SIGINT stops at once,
+/// SIGQUIT is pingora's graceful upgrade.
+struct Drain {
+    draining: Arc<AtomicBool>,
+    delay: Duration,
+}
+
+#[async_trait]
+impl ShutdownSignalWatch for Drain {
+    async fn recv(&self) -> ShutdownSignal {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int), Ok(mut quit)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::quit()),
+        ) else {
+            tracing::error!("cannot listen for signals; stopping");
+            return ShutdownSignal::FastShutdown;
+        };
+        tokio::select! {
+            _ = term.recv() => {
+                self.draining.store(true, Ordering::Relaxed);
+                tracing::info!(delay = ?self.delay, "draining: readyz answers 503");
+                tokio::time::sleep(self.delay).await;
+                tracing::info!("stopping: the listener closes, requests in flight may finish");
+                ShutdownSignal::GracefulTerminate
+            }
+            _ = int.recv() => ShutdownSignal::FastShutdown,
+            _ = quit.recv() => ShutdownSignal::GracefulUpgrade,
+        }
+    }
+}
+
+impl EdgeServer {
+    /// Serves until a signal stops it (see [`Drain`]), then exits the process.
+    pub fn run(self) -> ! {
+        self.server.run(RunArgs {
+            shutdown_signal: Box::new(self.drain),
+        });
+        std::process::exit(0)
+    }
+}
+
+/// Builds the server; [`EdgeServer::run`] it.
+pub fn build(settings: EdgeSettings) -> anyhow::Result<EdgeServer> {
     let settings = Arc::new(settings);
     let conf = ServerConf {
         threads: settings.threads,
-        grace_period_seconds: Some(1),
-        graceful_shutdown_timeout_seconds: Some(5),
+        // Whole seconds: pingora's grace period, rounded up so a deadline is never cut.
+        grace_period_seconds: Some(settings.shutdown_deadline.as_secs_f64().ceil() as u64),
+        // Then the runtimes' own shutdown, briefly: nothing is left in flight by then.
+        graceful_shutdown_timeout_seconds: Some(1),
         ..ServerConf::default()
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
 
-    let mut upstreams = LoadBalancer::try_from_iter(settings.upstreams.iter().map(String::as_str))?;
+    let mut upstreams =
+        LoadBalancer::from_backends(Backends::new(Box::new(Resolver::new(&settings.upstreams))));
     upstreams.set_health_check(readiness_check(&settings)?);
     upstreams.health_check_frequency = Some(settings.health_check_interval);
+    upstreams.update_frequency = Some(settings.upstream_resolve_interval);
     let health = background_service("core health checks", upstreams);
 
+    let draining = Arc::new(AtomicBool::new(false));
     let metrics = EdgeMetrics::new(prometheus::default_registry())?;
     let admission = voucher_admission::Limiter::new(settings.admission.clone());
     prometheus::default_registry().register(Box::new(admission.collector("edge")?))?;
@@ -108,6 +167,7 @@ pub fn build(settings: EdgeSettings) -> anyhow::Result<Server> {
             uuid::Uuid::new_v4().as_u64_pair().0,
         ),
         admission: admission.clone(),
+        draining: draining.clone(),
     };
     let mut proxy = pingora::proxy::http_proxy_service(&server.configuration, edge);
     proxy.add_listener(
@@ -144,5 +204,11 @@ pub fn build(settings: EdgeSettings) -> anyhow::Result<Server> {
             },
         ));
     }
-    Ok(server)
+    Ok(EdgeServer {
+        server,
+        drain: Drain {
+            draining,
+            delay: settings.drain_delay,
+        },
+    })
 }

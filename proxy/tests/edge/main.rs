@@ -1,6 +1,7 @@
 //! End-to-end tests through the real edge binary, in front of two real cores, on the real
 //! PostgreSQL, Redis and a tansu broker of each test's own (the testkit's flash stack).
 
+mod cluster;
 mod dashboards;
 mod fuzz;
 

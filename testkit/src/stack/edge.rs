@@ -60,7 +60,14 @@ impl EdgeProcess {
         sold_out_ttl: Duration,
         env: &[(&str, &str)],
     ) -> Self {
-        let (port, metrics_port) = (free_port(), free_port());
+        // A listener the test sets itself (`EDGE__LISTEN`, all interfaces, say) is the one
+        // waited for.
+        let port = env
+            .iter()
+            .find(|(k, _)| *k == "EDGE__LISTEN")
+            .and_then(|(_, v)| v.rsplit(':').next()?.parse().ok())
+            .unwrap_or_else(free_port);
+        let metrics_port = free_port();
         let dir = TempDir::new("edge");
         let config = json!({
             "listen": format!("127.0.0.1:{port}"),
@@ -131,6 +138,16 @@ impl EdgeProcess {
     /// Kills the process at once (SIGKILL), as a crash would.
     pub fn kill(&mut self) {
         self.process.kill();
+    }
+
+    /// SIGTERM: what an orchestrator sends before it removes the edge.
+    pub fn terminate(&self) {
+        self.process.terminate();
+    }
+
+    /// Whether the process has exited (reaped if so).
+    pub fn exited(&mut self) -> bool {
+        self.process.exited()
     }
 
     pub async fn metrics_text(&self) -> String {
