@@ -183,6 +183,23 @@ ensure_openapi_client() {
   hash -r
 }
 
+# The tests render the Kubernetes manifests with the kustomize kubectl embeds (Debian's
+# kubectl) and validate them offline with PyPI's kubernetes-validate.
+KUBERNETES_VALIDATE_VERSION=1.37.0
+ensure_kubernetes_tools() {
+  if ! command -v kubectl >/dev/null 2>&1; then
+    log "installing kubectl (Debian package)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubectl >/dev/null
+  fi
+  if command -v kubernetes-validate >/dev/null 2>&1 \
+    && kubernetes-validate --version 2>/dev/null | grep -q "$KUBERNETES_VALIDATE_VERSION"; then
+    return 0
+  fi
+  log "installing kubernetes-validate $KUBERNETES_VALIDATE_VERSION (pip)"
+  pip install -q "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+  hash -r
+}
+
 # socat (Debian package): the TLS listener in front of tansu in the test of managed
 # dependencies (tansu 0.6 has no TLS listener of its own).
 ensure_socat() {

@@ -15,4 +15,5 @@ ensure_faketime
 ensure_schemathesis
 ensure_socat
 ensure_openapi_client
+ensure_kubernetes_tools
 cargo test --workspace --locked "$@"

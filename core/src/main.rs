@@ -30,6 +30,9 @@ enum Command {
     Tokens(voucher_core::auth::cli::TokensCommand),
     /// Print the OpenAPI document the API serves (the repository's `openapi.json`).
     Openapi,
+    /// Apply the migrations to the configured database and exit (a deployment's Job, for
+    /// cores that run with `database.migrate = false`).
+    Migrate,
 }
 
 #[tokio::main]
@@ -40,8 +43,18 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let settings = Settings::load()?;
-    if let Some(Command::Tokens(command)) = cli.command {
-        return voucher_core::auth::cli::run(&settings, command).await;
+    match cli.command {
+        Some(Command::Tokens(command)) => {
+            return voucher_core::auth::cli::run(&settings, command).await
+        }
+        Some(Command::Migrate) => {
+            voucher_core::store::Store::connect_lazy(&settings.database)?
+                .migrate()
+                .await?;
+            println!("migrations applied");
+            return Ok(());
+        }
+        _ => {}
     }
     // Held to the end: dropping it flushes the queued log lines.
     let logs = voucher_core::telemetry::init(&settings.log);
