@@ -28,9 +28,10 @@ async fn readyz(edge: &EdgeProcess) -> (StatusCode, Value) {
 }
 
 /// A core that is not there yet is found once it listens under the name the edge was
-/// given (`localhost`, resolved again and again); until then the edge is not ready.
+/// given (`localhost`, resolved again and again); until then the edge is not ready, and
+/// once the core goes it is not ready again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_edge_is_ready_once_a_core_it_finds_by_name_is() {
+async fn the_edge_is_ready_while_a_core_it_finds_by_name_is() {
     let port = voucher_testkit::free_port();
     let upstream = format!("localhost:{port}");
     let edge = EdgeProcess::start_with_env(
@@ -54,10 +55,14 @@ async fn the_edge_is_ready_once_a_core_it_finds_by_name_is() {
         "{body}"
     );
 
-    let env =
-        TestEnv::start_with(|s| s.http.listen = format!("127.0.0.1:{port}").parse().expect("addr"))
-            .await;
-    env.app.given_voucher(voucher_body("LATE", 10, 1)).await;
+    let env = TestEnv::start().await;
+    let late = TestApp::start(&{
+        let mut s = settings_for(&env.db.url);
+        s.http.listen = format!("127.0.0.1:{port}").parse().expect("addr");
+        s
+    })
+    .await;
+    late.given_voucher(voucher_body("LATE", 10, 1)).await;
     eventually(
         Duration::from_secs(10),
         "the edge ready with its core",
@@ -70,6 +75,14 @@ async fn the_edge_is_ready_once_a_core_it_finds_by_name_is() {
         StatusCode::CREATED,
         "served through the core found by name"
     );
+    // The core goes: the edge is not ready again (its readiness check fails).
+    late.stop().await;
+    eventually(
+        Duration::from_secs(10),
+        "the edge not ready without its core",
+        || async { (readyz(&edge).await.0 == StatusCode::SERVICE_UNAVAILABLE).then_some(()) },
+    )
+    .await;
     drop(edge);
     env.finish(&[Accepted::new("LATE", "c1", "o1")]).await;
 }
