@@ -115,6 +115,7 @@ pub async fn start(
         metrics.clone(),
         path.consumer_health().clone(),
         kafka.monitor_interval,
+        events_are_written(kafka, settings.flash.decision),
     );
     let consumer = if runs_writers(kafka, settings.flash.decision) {
         Some(
@@ -143,6 +144,14 @@ pub async fn start(
 /// events: the writers would only write them again).
 pub fn runs_writers(kafka: &KafkaSettings, decision: Decision) -> bool {
     kafka.consume.unwrap_or(decision == Decision::Broker)
+}
+
+/// Whether the deployment writes its events to PostgreSQL at all, on this core or others:
+/// always with the broker deciding (rows come only from the writers), and with PostgreSQL
+/// deciding only where asked (`kafka.consume = true`). Where it does not, no event is ever
+/// behind, and the consumer monitor exports no lag.
+pub fn events_are_written(kafka: &KafkaSettings, decision: Decision) -> bool {
+    decision == Decision::Broker || kafka.consume == Some(true)
 }
 
 #[derive(Clone)]

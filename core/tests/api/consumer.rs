@@ -187,3 +187,48 @@ async fn a_stalled_writer_loses_its_partitions_after_the_owner_timeout() {
     let _ = task.await;
     stack.finish(&sale.accepted()).await;
 }
+
+/// With PostgreSQL deciding and no writers (the default), nothing is behind: every row was
+/// committed before its 201, and the topic is for consumers elsewhere. The monitor still
+/// reads the broker (readiness needs it) but exports no lag, or every sale would page
+/// `VoucherEventsNotWritten` 30 s after its first event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_writers_a_sale_leaves_no_lag_to_page_on() {
+    let env = FlashStack::start().await;
+    env.app().given_voucher(flash_voucher("NOLAG", 20, 1)).await;
+    let sale = Sale::new("NOLAG", "a", 20).run(env.app()).await;
+    assert_eq!(sale.created(), 20);
+    let sold = Instant::now();
+    // A monitor round after the sale: the broker was read since.
+    eventually(
+        Duration::from_secs(30),
+        "a monitor round after the sale",
+        || async {
+            let ready: serde_json::Value = env
+                .app()
+                .client
+                .get(format!("{}/readyz", env.app().base))
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            let ago = ready["consumer"]["lastReadSecsAgo"].as_f64()?;
+            (ago < sold.elapsed().as_secs_f64()
+                && ready["consumer"]["partitions"] == serde_json::json!([]))
+            .then_some(())
+        },
+    )
+    .await;
+    let metrics = env.app().metrics().await;
+    assert!(
+        !metrics
+            .samples()
+            .iter()
+            .any(|s| s.name == "voucher_consumer_unwritten_age_seconds"
+                || s.name == "voucher_consumer_lag_messages"),
+        "no lag exported without writers"
+    );
+    env.finish(&sale.accepted()).await;
+}

@@ -3,7 +3,11 @@
 //! unwritten event has waited, and keeps what readiness reports about it.
 //!
 //! It runs whether or not this core writes: a partition nobody writes (every writer dead or
-//! stalled) shows as a growing age on every core, which is what an alert needs.
+//! stalled) shows as a growing age on every core, which is what an alert needs. Where the
+//! deployment writes no events at all (`flash.decision = "database"` without
+//! `kafka.consume`: PostgreSQL holds every row before its 201, and the topic is for
+//! consumers elsewhere), there is nothing to be behind on: it only reads the broker (what
+//! readiness needs) and exports no lag, or every sale would page `VoucherEventsNotWritten`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -69,6 +73,8 @@ pub struct ConsumerMonitor {
     metrics: Arc<Metrics>,
     health: Arc<ConsumerHealth>,
     interval: Duration,
+    /// Whether the deployment writes its events to PostgreSQL (`events_are_written`).
+    writes: bool,
     /// When each partition was first seen waiting at its current offset.
     waiting: Mutex<HashMap<i32, (i64, Instant)>>,
 }
@@ -79,12 +85,14 @@ impl ConsumerMonitor {
         metrics: Arc<Metrics>,
         health: Arc<ConsumerHealth>,
         interval: Duration,
+        writes: bool,
     ) -> Self {
         Self {
             progress,
             metrics,
             health,
             interval,
+            writes,
             waiting: Mutex::default(),
         }
     }
@@ -96,6 +104,9 @@ impl ConsumerMonitor {
     async fn round(&self) {
         let read = async {
             let marks = self.progress.high_watermarks().await?;
+            if !self.writes {
+                return Ok(Vec::new());
+            }
             self.progress.against(&marks).await
         };
         match read.await {
