@@ -4,6 +4,7 @@
 //! Layout, from the outside in (every module uses only those below it):
 //! - [`http`]: routes, extractors that parse untrusted input, the OpenAPI document, the
 //!   layers that count and log every answer;
+//! - [`auth`]: named bearer tokens with scopes, kept as digests, re-read periodically;
 //! - [`service`]: the use cases, and the seam where each voucher mode decides;
 //! - [`standard`]: standard mode: PostgreSQL decides reservations in groups, one statement
 //!   per group;
@@ -14,7 +15,6 @@
 //!   their batches from;
 //! - [`catalog`]: voucher definitions cached in memory, re-read in the background (they
 //!   pick the path; what decides a use reads the database's row or the gate);
-//! - [`auth`]: named bearer tokens with scopes, kept as digests;
 //! - [`store`]: every SQL statement; PostgreSQL's constraints are the last guard;
 //! - [`domain`]: types that can only hold valid values (codes, ids, money, vouchers);
 //! - [`config`], [`metrics`], [`telemetry`], [`startup`]: running it.

@@ -1,17 +1,20 @@
 //! voucher-edge: the Pingora edge of the voucher gate.
 //!
-//! Once a voucher is sold out, late flash-sale traffic is answered here, from a moka cache
-//! of sold-out flags, and never reaches a core. Everything else is forwarded round-robin to
-//! the healthy cores.
+//! Once a voucher is sold out (or an operator paused it), late flash-sale traffic is
+//! answered here, from a moka cache of flags, and never reaches a core. Everything else is
+//! forwarded round-robin to the ready cores.
 //!
 //! - [`edge`]: the `ProxyHttp` phases (request id and refusals first, upstream choice,
 //!   setting flags from the cores' answers);
 //! - `refusals`: every answer the edge gives itself, as the named steps of `request_filter`;
 //! - [`sold_out`]: the flags and the order lists that let retries of holders through;
 //! - [`flagging`]: starts and renews a flag, fetching its order filter from a core;
-//! - [`signals`]: drops a flag at once when a core announces a use given back, and starts
-//!   one when a core announces that a gate took a voucher's last use;
-//! - [`config`], [`metrics`], [`server`]: the rest.
+//! - [`signals`]: drops a flag at once when a core announces a use given back (or a resume,
+//!   or a raised limit), and starts one when a core announces that a voucher stopped
+//!   taking new reservations;
+//! - [`discovery`]: the cores, from names resolved again and again;
+//! - [`server`]: the assembly, the edge's readiness and its drain on SIGTERM;
+//! - [`config`], [`metrics`]: the rest.
 //!
 //! What the edge shares with the cores (header names, error codes, the route table, the
 //! availability channel) comes from the `voucher-contract` crate, never from a copy.

@@ -111,9 +111,10 @@ impl Credentials {
         }
     }
 
-    /// The credential `presented` is, if it grants `scope`: 403 for an unknown, expired
-    /// or revoked token, and for one without the scope.
-    pub fn authorize(&self, presented: &str, scope: Scope) -> Result<Credential, Error> {
+    /// The credential `presented` is, if it grants every one of `scopes`: 403 for an
+    /// unknown, expired or revoked token, and for one without a scope (the first missing
+    /// one is named).
+    pub fn authorize(&self, presented: &str, scopes: &[Scope]) -> Result<Credential, Error> {
         let key = digest(presented);
         let found = self.configured.get(&key).cloned().or_else(|| {
             let stored = self.stored.read().unwrap_or_else(|e| e.into_inner());
@@ -122,10 +123,9 @@ impl Credentials {
         let credential = found
             .filter(|c| c.expires_at.is_none_or(|at| at > Utc::now()))
             .ok_or(Error::Forbidden)?;
-        if credential.scopes.contains(&scope) {
-            Ok(credential)
-        } else {
-            Err(Error::MissingScope(scope.as_str()))
+        match scopes.iter().find(|s| !credential.scopes.contains(s)) {
+            Some(missing) => Err(Error::MissingScope(missing.as_str())),
+            None => Ok(credential),
         }
     }
 
@@ -197,19 +197,24 @@ mod tests {
         let creds = Credentials::new(&SecretString::from("adm"), &SecretString::from("edg"));
         assert_eq!(
             creds
-                .authorize("adm", Scope::AuditRead)
+                .authorize("adm", &[Scope::AuditRead])
                 .map(|c| c.name)
                 .ok(),
             Some("admin".to_owned())
         );
-        assert!(creds.authorize("edg", Scope::OrdersRead).is_ok());
+        assert!(creds.authorize("edg", &[Scope::OrdersRead]).is_ok());
         assert!(matches!(
-            creds.authorize("edg", Scope::VouchersWrite),
+            creds.authorize("edg", &[Scope::VouchersWrite]),
             Err(Error::MissingScope("vouchers:write"))
         ));
         assert!(matches!(
-            creds.authorize("nope", Scope::OrdersRead),
+            creds.authorize("nope", &[Scope::OrdersRead]),
             Err(Error::Forbidden)
+        ));
+        // Several scopes: all of them, the first missing one named.
+        assert!(matches!(
+            creds.authorize("edg", &[Scope::OrdersRead, Scope::VouchersRead]),
+            Err(Error::MissingScope("vouchers:read"))
         ));
 
         let (secret, key) = new_secret();
@@ -233,17 +238,17 @@ mod tests {
             ),
         ]);
         let ops = creds
-            .authorize(secret.expose_secret(), Scope::VouchersRead)
+            .authorize(secret.expose_secret(), &[Scope::VouchersRead])
             .expect("stored token");
         assert_eq!((ops.name.as_str(), ops.scopes.len()), ("ops", 1));
         assert!(matches!(
-            creds.authorize(old.expose_secret(), Scope::VouchersRead),
+            creds.authorize(old.expose_secret(), &[Scope::VouchersRead]),
             Err(Error::Forbidden)
         ));
         // Revoked (no longer read): refused.
         creds.replace_stored(Vec::new());
         assert!(creds
-            .authorize(secret.expose_secret(), Scope::VouchersRead)
+            .authorize(secret.expose_secret(), &[Scope::VouchersRead])
             .is_err());
     }
 }

@@ -146,9 +146,9 @@ fn presented(parts: &Parts) -> Result<&str, Error> {
 /// The credential the request's token is, if it grants `scope`: 401 without a token,
 /// 403 for a token not accepted or without the scope. The actor of the audit trail: the
 /// credential's name and the request's id.
-fn authorize(parts: &Parts, state: &AppState, scope: Scope) -> Result<Actor, Error> {
+fn authorize(parts: &Parts, state: &AppState, scopes: &[Scope]) -> Result<Actor, Error> {
     let presented = presented(parts)?;
-    let credential = state.credentials.authorize(presented, scope)?;
+    let credential = state.credentials.authorize(presented, scopes)?;
     // Set by the access middleware on every request (the edge's, a client's, or made).
     let request_id = parts
         .headers
@@ -161,7 +161,7 @@ fn authorize(parts: &Parts, state: &AppState, scope: Scope) -> Result<Actor, Err
     })
 }
 
-/// An extractor proving that the request's token holds one scope, with who it is.
+/// An extractor proving that the request's token holds its scopes, with who it is.
 macro_rules! scoped {
     ($(#[$doc:meta])* $name:ident, $($scope:expr),+) => {
         $(#[$doc])*
@@ -174,13 +174,7 @@ macro_rules! scoped {
                 parts: &mut Parts,
                 state: &AppState,
             ) -> Result<Self, Self::Rejection> {
-                // Every scope must be held; the first missing one is the answer.
-                let scopes = [$($scope),+];
-                let mut actor = authorize(parts, state, scopes[0])?;
-                for scope in &scopes[1..] {
-                    actor = authorize(parts, state, *scope)?;
-                }
-                Ok($name(actor))
+                authorize(parts, state, &[$($scope),+]).map($name)
             }
         }
     };

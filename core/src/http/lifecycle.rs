@@ -20,7 +20,6 @@ use super::vouchers::{VoucherView, WithEtag};
 use super::{AppState, ErrorBody};
 use crate::domain::{
     FieldError, Money, Phase, Voucher, VoucherChange, VoucherCode, VoucherMode, VoucherState,
-    VoucherStats,
 };
 use crate::store::{AuditEvent, StateChange, VoucherFilter};
 use crate::{Error, Result};
@@ -146,7 +145,7 @@ pub struct VoucherPage {
     next_cursor: Option<String>,
 }
 
-/// The vouchers, in code order, filtered by mode, state and phase .
+/// The vouchers, in code order, filtered by mode, state and phase (`vouchers:read`).
 #[utoipa::path(
     get, path = "/vouchers", tag = "lifecycle",
     params(ListParams),
@@ -222,27 +221,17 @@ impl ChangeVoucher {
 type Changed = WithEtag<Json<VoucherView>>;
 
 /// The answer to a change: the voucher as it is now, with its new `ETag`.
+/// Read afterwards, so the counts are real; a read that fails is the 503 the call
+/// documents (the change may be committed: read the voucher again).
 async fn answer(state: &AppState, voucher: Voucher) -> Result<Changed> {
-    let (voucher, stats) = match state.service.get(&voucher.code).await {
-        Ok(read) => read,
-        // The change is in force; the counts are only a courtesy.
-        Err(_) => (
-            voucher,
-            VoucherStats {
-                used_count: 0,
-                reserved: 0,
-                confirmed: 0,
-                gate_remaining: None,
-            },
-        ),
-    };
+    let (voucher, stats) = state.service.get(&voucher.code).await?;
     Ok((
         [(ETAG, etag(voucher.version))],
         Json(VoucherView::new(voucher, stats)),
     ))
 }
 
-/// Change a voucher's window, limit or terms , naming the version read.
+/// Change a voucher's window, limit or terms (`vouchers:write`), naming the version read.
 ///
 /// In flash mode the gate takes the change in one step while requests arrive, and every
 /// edge drops its sold-out flag when the limit goes up.
@@ -301,7 +290,7 @@ async fn change_state(
     answer(&state, voucher).await
 }
 
-/// Pause a voucher : the kill switch.
+/// Pause a voucher (`vouchers:write`): the kill switch.
 ///
 /// Once answered, no new use is taken: every core refuses new reservations with 409
 /// VOUCHER_PAUSED (PostgreSQL refuses the uses of every later commit, and a flash gate
@@ -335,7 +324,7 @@ pub async fn pause_voucher(
     change_state(state, actor, code, expected, StateChange::Pause).await
 }
 
-/// Resume a paused voucher . Edges drop their flags for it.
+/// Resume a paused voucher (`vouchers:write`). Edges drop their flags for it.
 #[utoipa::path(
     post, path = "/vouchers/{code}/resume", tag = "lifecycle",
     params(("code" = String, Path), ("If-Match" = Option<String>, Header, description = "The ETag read (optional)")),
@@ -362,7 +351,7 @@ pub async fn resume_voucher(
     change_state(state, actor, code, expected, StateChange::Resume).await
 }
 
-/// Archive a voucher with no active reservation : it leaves the lists and refuses
+/// Archive a voucher with no active reservation (`vouchers:write`): it leaves the lists and refuses
 /// reservations (409 VOUCHER_ARCHIVED) for good; its confirmed uses stay readable.
 #[utoipa::path(
     post, path = "/vouchers/{code}/archive", tag = "lifecycle",
@@ -446,7 +435,7 @@ pub struct AuditPage {
     next_cursor: Option<String>,
 }
 
-/// Every admin change of a voucher, oldest first .
+/// Every admin change of a voucher, oldest first (`audit:read`).
 #[utoipa::path(
     get, path = "/vouchers/{code}/audit", tag = "lifecycle",
     params(("code" = String, Path), AuditParams),

@@ -85,7 +85,12 @@ impl Store {
         let (pool, code) = (self.pool().clone(), code.as_str().to_owned());
         let status = status.map(|s| s.as_str().to_owned());
         tokio::spawn(async move {
-            let mut rows = sqlx::query_as::<_, LedgerRow>(EXPORT)
+            let sql = format!(
+                "SELECT {LEDGER_COLUMNS} FROM redemptions
+                 WHERE voucher_code = $1 AND ($2::text IS NULL OR status = $2)
+                 ORDER BY id"
+            );
+            let mut rows = sqlx::query_as::<_, LedgerRow>(&sql)
                 .bind(code)
                 .bind(status)
                 .fetch(&pool)
@@ -106,9 +111,3 @@ impl Store {
 /// Rows per chunk of an export, and chunks read ahead of the consumer.
 pub const CHUNK_ROWS: usize = 500;
 pub const CHUNKS_AHEAD: usize = 4;
-
-const EXPORT: &str = "SELECT id, order_id, customer_id, status, order_amount, discount_amount,
-        reserved_at, expires_at, confirmed_at, released_at
- FROM redemptions
- WHERE voucher_code = $1 AND ($2::text IS NULL OR status = $2)
- ORDER BY id";

@@ -15,6 +15,23 @@ pub struct GateLoad {
     pub orders: Vec<(String, OrderRecord)>,
 }
 
+/// The fields of a voucher's definition a gate holds in its meta, as the script arguments
+/// `load_open.lua` and `amend.lua` both take them, in this order: total_limit,
+/// per_user_limit, starts_ms, ends_ms, min_order, discount.
+struct Definition<'a>(&'a Voucher);
+
+impl redis::ToRedisArgs for Definition<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        let v = self.0;
+        v.total_limit.write_redis_args(out);
+        v.per_user_limit.write_redis_args(out);
+        ms(v.starts_at).write_redis_args(out);
+        ms(v.ends_at).write_redis_args(out);
+        v.min_order_amount.minor_units().write_redis_args(out);
+        v.discount_amount.minor_units().write_redis_args(out);
+    }
+}
+
 /// What [`Gate::amend`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Amended {
@@ -140,12 +157,7 @@ impl Gate {
             .key(&k.loading)
             .arg(&loading.marker)
             .arg(identity(voucher))
-            .arg(voucher.total_limit)
-            .arg(voucher.per_user_limit)
-            .arg(ms(voucher.starts_at))
-            .arg(ms(voucher.ends_at))
-            .arg(voucher.min_order_amount.minor_units())
-            .arg(voucher.discount_amount.minor_units())
+            .arg(Definition(voucher))
             .arg(remaining)
             .arg(loading.generation)
             .arg(voucher.version)
@@ -231,12 +243,7 @@ impl Gate {
             .key(&k.remaining)
             .arg(identity(voucher))
             .arg(voucher.version)
-            .arg(voucher.total_limit)
-            .arg(voucher.per_user_limit)
-            .arg(ms(voucher.starts_at))
-            .arg(ms(voucher.ends_at))
-            .arg(voucher.min_order_amount.minor_units())
-            .arg(voucher.discount_amount.minor_units())
+            .arg(Definition(voucher))
             .arg(voucher.state.as_str())
             .arg(&self.channel)
             .arg(&self.sold_out_channel)
