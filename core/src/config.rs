@@ -1,7 +1,8 @@
 //! Configuration: defaults in this file, then a TOML file, then environment variables.
 //!
 //! Every setting has its default here, in the `Default` impl of its section: that is the one
-//! place defaults live. The file is `config/core.toml` unless `VOUCHER_CONFIG` names another
+//! place defaults live (the `[tracing]` section's, shared with the edge, live in
+//! `voucher_telemetry::TraceSettings`). The file is `config/core.toml` unless `VOUCHER_CONFIG` names another
 //! one; it is optional, so a container can run from environment variables alone. Any setting
 //! can be set as `VOUCHER__<SECTION>__<KEY>`, e.g. `VOUCHER__DATABASE__URL` or
 //! `VOUCHER__ADMIN__TOKEN` (secrets belong in the environment, not in the file).
@@ -22,6 +23,9 @@ pub struct Settings {
     pub admin: AdminSettings,
     pub reservations: ReservationSettings,
     pub log: LogSettings,
+    /// OpenTelemetry traces, off by default (its defaults are in `voucher_telemetry`,
+    /// shared with the edge).
+    pub tracing: voucher_telemetry::TraceSettings,
     /// Flash mode needs both `redis` and `kafka`; without them, flash vouchers are refused.
     pub redis: Option<RedisSettings>,
     pub kafka: Option<KafkaSettings>,

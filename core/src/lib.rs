@@ -17,7 +17,8 @@
 //!   pick the path; what decides a use reads the database's row or the gate);
 //! - [`store`]: every SQL statement; PostgreSQL's constraints are the last guard;
 //! - [`domain`]: types that can only hold valid values (codes, ids, money, vouchers);
-//! - [`config`], [`metrics`], [`telemetry`], [`startup`]: running it.
+//! - [`config`], [`metrics`], [`startup`]: running it (logs and traces are set up by the
+//!   `voucher-telemetry` crate, shared with the edge).
 //!
 //! Errors: one enum, [`Error`], mapped to HTTP status and stable code in one place
 //! (`error.rs`), keeping its cause. The architecture as a whole (edge, core, gate, broker,
@@ -39,6 +40,5 @@ pub mod service;
 pub mod standard;
 pub mod startup;
 pub mod store;
-pub mod telemetry;
 
 pub use error::{Error, Result};

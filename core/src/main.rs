@@ -35,30 +35,54 @@ enum Command {
     Migrate,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let cli = <Cli as clap::Parser>::parse();
     if let Some(Command::Openapi) = cli.command {
         println!("{:#}", voucher_core::http::openapi_json());
         return Ok(());
     }
     let settings = Settings::load()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     match cli.command {
         Some(Command::Tokens(command)) => {
-            return voucher_core::auth::cli::run(&settings, command).await
+            return runtime.block_on(voucher_core::auth::cli::run(&settings, command))
         }
         Some(Command::Migrate) => {
-            voucher_core::store::Store::connect_lazy(&settings.database)?
-                .migrate()
-                .await?;
+            runtime.block_on(async {
+                voucher_core::store::Store::connect_lazy(&settings.database)?
+                    .migrate()
+                    .await
+            })?;
             println!("migrations applied");
             return Ok(());
         }
         _ => {}
     }
-    // Held to the end: dropping it flushes the queued log lines.
-    let logs = voucher_core::telemetry::init(&settings.log);
-    let app = Application::build(&settings).await?;
+    // Before the runtime runs anything: the span exporter's HTTP client has a runtime of
+    // its own, which may be neither made nor dropped inside another.
+    let service = voucher_telemetry::Service {
+        name: "voucher-core",
+        version: env!("CARGO_PKG_VERSION"),
+    };
+    let logs = voucher_telemetry::Logs {
+        filter: &settings.log.filter,
+        json: settings.log.format == "json",
+    };
+    let telemetry = voucher_telemetry::init(service, logs, &settings.tracing)?;
+    let served = runtime.block_on(serve(&settings));
+    // Tasks still running (requests past the shutdown deadline) are dropped, not awaited;
+    // then the spans and lines still queued are sent, outside the runtime.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    telemetry.shutdown();
+    served
+}
+
+/// Serves until SIGTERM or SIGINT, then drains (`http.drain_delay`) and stops, or exits at
+/// the shutdown deadline with requests still in flight.
+async fn serve(settings: &Settings) -> anyhow::Result<()> {
+    let app = Application::build(settings).await?;
     tracing::info!(api = %app.api_addr(), metrics = %app.metrics_addr(), "voucher-core started");
     let shutdown = CancellationToken::new();
     let trigger = shutdown.clone();
@@ -77,14 +101,10 @@ async fn main() -> anyhow::Result<()> {
         let _ = deadline_passed.send(());
     });
     tokio::select! {
-        stopped = app.run_until_stopped(shutdown) => {
-            drop(logs);
-            stopped
-        }
+        stopped = app.run_until_stopped(shutdown) => stopped,
         Ok(()) = at_deadline => {
             tracing::warn!("requests still in flight at the shutdown deadline; exiting");
-            drop(logs);
-            std::process::exit(1);
+            anyhow::bail!("requests still in flight at the shutdown deadline")
         }
     }
 }

@@ -93,6 +93,9 @@ pub struct EdgeSettings {
     /// and a line each cost 18% to 25% of the reject path's throughput, measured by
     /// `BENCH_ONLY=rate-limits ./loadtest/bench.sh`), or `off`.
     pub access_log: AccessLog,
+    /// OpenTelemetry traces (`tracing.otlp_endpoint`, `EDGE__TRACING__OTLP_ENDPOINT`), off
+    /// by default; the same settings as the core's `[tracing]`.
+    pub tracing: voucher_telemetry::TraceSettings,
     /// How many reservations the edge has at the cores at once; the rest get
     /// `503 OVERLOADED` from the edge itself (`admission.enabled`, `initial_limit`,
     /// `min_limit`, `max_limit`, `latency_target`). Looser than a core's by default: the
@@ -149,6 +152,7 @@ impl Default for EdgeSettings {
             read_buffer_bytes: 4096,
             log_format: "text".into(),
             access_log: AccessLog::All,
+            tracing: Default::default(),
             admission: voucher_admission::AdmissionSettings {
                 initial_limit: 4096,
                 min_limit: 64,
@@ -193,6 +197,7 @@ impl EdgeSettings {
         if let Some(problem) = self.admission.problem() {
             anyhow::bail!(problem);
         }
+        self.tracing.validate()?;
         anyhow::ensure!(
             !self.upstreams.is_empty(),
             "at least one upstream is needed"

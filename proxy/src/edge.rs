@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use pingora::http::ResponseHeader;
+use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::lb::selection::RoundRobin;
 use pingora::lb::LoadBalancer;
 use pingora::prelude::{HttpPeer, ProxyHttp, Session};
@@ -19,6 +19,7 @@ use crate::flagging::Flagger;
 use crate::metrics::EdgeMetrics;
 use crate::rate_limit::RateLimits;
 use crate::sold_out::SoldOutCache;
+use crate::traces;
 
 pub struct Edge {
     pub upstreams: Arc<LoadBalancer<RoundRobin>>,
@@ -58,6 +59,8 @@ pub struct Ctx {
     /// A reservation's place within the admission limit, from its screening until it is
     /// logged (answered or given up).
     pub(crate) admitted: Option<voucher_admission::Permit>,
+    /// The request's span (`traces`); disabled while tracing is off, and for probes.
+    pub(crate) span: tracing::Span,
 }
 
 /// Writes a complete JSON answer of the edge's own (`x-served-by: edge`), keeping the
@@ -117,6 +120,7 @@ impl ProxyHttp for Edge {
             failed: Vec::new(),
             request_id: String::new(),
             admitted: None,
+            span: tracing::Span::none(),
         }
     }
 
@@ -144,6 +148,15 @@ impl ProxyHttp for Edge {
         peer.options.connection_timeout = Some(self.settings.upstream_connect_timeout);
         peer.options.read_timeout = Some(self.settings.upstream_read_timeout);
         Ok(Box::new(peer))
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        _session: &mut Session,
+        upstream_request: &mut RequestHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        traces::pass_on(&ctx.span, upstream_request)
     }
 
     fn fail_to_connect(
@@ -265,6 +278,7 @@ impl ProxyHttp for Edge {
         let elapsed = ctx.started.elapsed();
         // Status 0: nothing was answered (the client went away first).
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        traces::finish(&ctx.span, status, ctx.outcome);
         self.metrics.answered(
             ctx.route.label(),
             ctx.outcome,

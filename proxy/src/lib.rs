@@ -13,6 +13,8 @@
 //!   or a raised limit), and starts one when a core announces that a voucher stopped
 //!   taking new reservations;
 //! - [`discovery`]: the cores, from names resolved again and again;
+//! - `traces`: the edge's span of a request, continuing the client's trace and passed on
+//!   to the core (tracing on);
 //! - [`server`]: the assembly, the edge's readiness and its drain on SIGTERM;
 //! - [`config`], [`metrics`]: the rest.
 //!
@@ -29,3 +31,4 @@ mod refusals;
 pub mod server;
 pub mod signals;
 pub mod sold_out;
+mod traces;

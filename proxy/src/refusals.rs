@@ -73,6 +73,7 @@ impl Edge {
         }
         let header = session.req_header();
         ctx.route = Route::classify(header.method.as_str(), header.uri.path());
+        ctx.span = crate::traces::start(header, &ctx.route, &ctx.request_id);
         let early = self
             .over_address_rate(session)
             .or_else(|| self.headers_too_large(session))

@@ -130,8 +130,19 @@ impl TestApp {
     pub async fn start(settings: &Settings) -> Self {
         // Logs only when asked for (RUST_LOG=...), so a failing test can be read.
         if std::env::var_os("RUST_LOG").is_some() {
-            // The writer runs for the rest of the test process (its guard is never dropped).
-            std::mem::forget(voucher_core::telemetry::init(&settings.log));
+            // The writer runs for the rest of the test process (its guard is never dropped);
+            // the first app of the process installs it, the others find it there. No
+            // traces: tests that read spans run the binaries (`proxy/tests/edge/traces.rs`).
+            let service = voucher_telemetry::Service {
+                name: "voucher-core",
+                version: "test",
+            };
+            let logs = voucher_telemetry::Logs {
+                filter: &settings.log.filter,
+                json: settings.log.format == "json",
+            };
+            let untraced = voucher_telemetry::TraceSettings::default();
+            std::mem::forget(voucher_telemetry::init(service, logs, &untraced).ok());
         }
         let app = Application::build(settings).await.expect("app builds");
         let base = format!("http://{}", app.api_addr());

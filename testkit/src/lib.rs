@@ -11,13 +11,15 @@
 //!   the assertion every error answer gets;
 //! - [`postgres`]: a PostgreSQL server of the test's own, for crashes and restarts;
 //! - [`process`]: a child process a test owns, killed, frozen or thawed on purpose;
-//! - [`tls`]: certificates a test makes, and a TLS front for a broker without TLS.
+//! - [`tls`]: certificates a test makes, and a TLS front for a broker without TLS;
+//! - [`otlp`]: an OTLP/HTTP receiver that keeps the spans it is sent.
 
 pub mod assert;
 pub mod helpers;
 pub mod invariants;
 pub mod locks;
 pub mod metrics;
+pub mod otlp;
 pub mod postgres;
 pub mod process;
 pub mod sale;

@@ -10,11 +10,16 @@
 //! transaction runs, so batches grow with the load; the linger bounds what a lone
 //! reservation waits for company. Once the answers are out, the batch's committed orders
 //! are settled in the gate, one call per voucher (`settle.lua`).
+//!
+//! Traced, a request's wait is its `recorder.commit` span, in the request's trace; the
+//! batch's transaction is a `recorder.transaction` span of its own, linked to the wait of
+//! every request it holds (a span has one parent, a transaction many requests).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tokio::sync::oneshot;
+use tracing::Instrument;
 
 use super::gate::{Gate, Generation};
 use crate::batching::{self, Batches, Queue};
@@ -48,6 +53,9 @@ struct Job {
     /// The generation of the gate that decided it.
     generation: Generation,
     answer: oneshot::Sender<Result<Recorded>>,
+    /// The request's `recorder.commit` span, for the transaction's link to it (disabled
+    /// while tracing is off).
+    waiting: tracing::Span,
 }
 
 #[derive(Clone)]
@@ -89,6 +97,7 @@ impl Recorder {
     /// Records `reservation` and waits for PostgreSQL's answer. An error means the outcome
     /// is unknown (the transaction may have committed): the use stays held and a retry of
     /// the same order records again, which is a no-op if it did commit.
+    #[tracing::instrument(level = "debug", name = "recorder.commit", skip_all)]
     pub async fn record(
         &self,
         reservation: Reservation,
@@ -100,6 +109,7 @@ impl Recorder {
                 reservation,
                 generation,
                 answer,
+                waiting: voucher_telemetry::trace::current(),
             })
             .await
             .map_err(|_| Error::unavailable("reservation recorder (stopped)"))?;
@@ -121,14 +131,24 @@ impl Worker {
     /// Takes a batch, records it, answers each waiter, settles; until the queue closes.
     async fn run(mut self) {
         while let Some(batch) = self.batches.next().await {
+            let transaction = tracing::debug_span!(
+                "recorder.transaction",
+                reservations = batch.len(),
+                otel.kind = "client",
+                db.system = "postgresql",
+            );
             let generations: Vec<i64> = batch.iter().map(|job| job.generation.0).collect();
             let (reservations, answers): (Vec<Reservation>, Vec<_>) = batch
                 .into_iter()
-                .map(|job| (job.reservation, job.answer))
+                .map(|job| {
+                    voucher_telemetry::trace::link(&transaction, &job.waiting);
+                    (job.reservation, job.answer)
+                })
                 .unzip();
             let outcomes: Vec<Result<Recorded>> = match self
                 .writer
                 .record(&reservations, &generations)
+                .instrument(transaction)
                 .await
             {
                 Ok(Recording::NotSent(e)) => {

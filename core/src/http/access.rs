@@ -1,6 +1,7 @@
-//! The request id and the access log: one middleware, outermost, so that every log line of
-//! a request (its failure included) carries the id the edge passed on, and one line per
-//! request says what was answered and how long it took.
+//! The request id, the request's span and the access log: one middleware, outermost, so
+//! that every log line of a request (its failure included) carries the id the edge passed
+//! on, one line per request says what was answered and how long it took, and, with tracing
+//! on, the request's span continues the trace of the edge's `traceparent` (or a client's).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -37,19 +38,48 @@ pub async fn track(access: Access, mut request: Request, next: Next) -> Response
     request.headers_mut().insert(REQUEST_ID, id.clone());
     // The route's template (bounded; shared, not copied).
     let route = request.extensions().get::<MatchedPath>().cloned();
-    let span = tracing::info_span!(
-        "request",
-        request_id = id.to_str().unwrap_or_default(),
-        method = %request.method(),
-        path = logged_path(request.uri().path()),
-    );
+    let (request_id, method) = (id.to_str().unwrap_or_default(), request.method());
+    let path = logged_path(request.uri().path());
+    let template = route.as_ref().map_or("unmatched", MatchedPath::as_str);
+    let traced = voucher_telemetry::tracing_enabled();
+    let span = if !traced {
+        tracing::info_span!("request", request_id, %method, path)
+    } else if matches!(template, "/healthz" | "/readyz") {
+        // Probes (every 500 ms from each edge) are not traced: a target outside
+        // `voucher_*` keeps the span from the exporter, not from the logs.
+        tracing::info_span!(target: "access", "request", request_id, %method, path)
+    } else {
+        // Named `POST /vouchers/{code}/reservations` (method and route template, bounded),
+        // a server span, with its status: the fields exporters read; log lines go without
+        // them while tracing is off.
+        tracing::info_span!(
+            "request",
+            request_id,
+            %method,
+            path,
+            otel.name = format!("{method} {template}"),
+            otel.kind = "server",
+            http.response.status_code = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        )
+    };
+    let headers = request.headers();
+    voucher_telemetry::trace::continue_from(&span, |name| {
+        headers.get(name).and_then(|v| v.to_str().ok())
+    });
     let mut response = next.run(request).instrument(span.clone()).await;
+    if traced {
+        span.record("http.response.status_code", response.status().as_u16());
+        if response.status().is_server_error() {
+            span.record("otel.status_code", "ERROR");
+        }
+    }
     if access.log {
         let _entered = span.enter();
         tracing::info!(
             target: "access",
             status = response.status().as_u16(),
-            route = route.as_ref().map_or("unmatched", MatchedPath::as_str),
+            route = template,
             duration_ms = started.elapsed().as_secs_f64() * 1000.0,
             "answered"
         );

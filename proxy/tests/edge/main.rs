@@ -4,6 +4,7 @@
 mod cluster;
 mod dashboards;
 mod fuzz;
+mod traces;
 
 use std::time::Duration;
 

@@ -215,6 +215,13 @@ fn core_env(settings: &Settings) -> Vec<(String, String)> {
             env.push((format!("KAFKA__PROPERTIES__{key}"), value.to_owned()));
         }
     }
+    if let Some(endpoint) = &settings.tracing.otlp_endpoint {
+        env.push(("TRACING__OTLP_ENDPOINT".into(), endpoint.clone()));
+        env.push((
+            "TRACING__EXPORT_INTERVAL".into(),
+            ms(settings.tracing.export_interval),
+        ));
+    }
     env.into_iter()
         .map(|(k, v)| (format!("VOUCHER__{k}"), v))
         .collect()

@@ -15,13 +15,17 @@
 //! on the dead-letter topic, so a crash in between replays the batch, which changes no row.
 //! A database outage stops progress but loses nothing: the writer lets the partition go and
 //! tries again.
+//!
+//! Traced, each event whose record carries a trace context (`traceparent` in its headers,
+//! from the publisher) gets a `consumer.write` span in that trace, covering the write of
+//! its batch and linked to the batch's span.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::message::{BorrowedMessage, Header, OwnedHeaders};
+use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
@@ -246,6 +250,8 @@ impl EventConsumer {
             return Ok(());
         };
         let next_offset = last.offset() + 1;
+        // Ended when this write returns, whatever it returns.
+        let _traced = event_spans(batch);
         let (rows, positions, mut dead) = read_batch(batch);
         let result = if rows.is_empty() {
             BatchResult::default()
@@ -343,6 +349,36 @@ impl EventConsumer {
             .map_err(|(e, _)| anyhow::anyhow!("dead-letter send failed: {e}"))?;
         Ok(())
     }
+}
+
+/// A `consumer.write` span for each event that carries a trace context, continuing its
+/// trace and linked to the current span (the batch's); none while tracing is off.
+fn event_spans(batch: &[BorrowedMessage<'_>]) -> Vec<tracing::Span> {
+    if !voucher_telemetry::tracing_enabled() {
+        return Vec::new();
+    }
+    let batch_span = tracing::Span::current();
+    batch
+        .iter()
+        .filter_map(|message| {
+            let headers = message.headers()?;
+            let span = tracing::debug_span!(
+                "consumer.write",
+                otel.kind = "consumer",
+                partition = message.partition(),
+                offset = message.offset(),
+            );
+            voucher_telemetry::trace::continue_from(&span, |name| {
+                headers
+                    .iter()
+                    .find(|header| header.key == name)
+                    .and_then(|header| header.value)
+                    .and_then(|value| std::str::from_utf8(value).ok())
+            });
+            voucher_telemetry::trace::link(&span, &batch_span);
+            Some(span)
+        })
+        .collect()
 }
 
 /// The rows a batch asks for, each with its position in the batch, and the positions of

@@ -2,11 +2,16 @@
 //! acknowledgement (the broker deciding: the ack is what turns a use into a 201);
 //! [`Announcer`] sends events whose rows PostgreSQL committed before the 201, and only
 //! counts what became of them.
+//!
+//! Traced, each event carries its publish span's context in its record's headers
+//! (`traceparent`, `tracestate`), and the writer that puts the event into PostgreSQL
+//! continues that trace.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{
     BaseRecord, DeliveryResult, FutureProducer, FutureRecord, Producer, ProducerContext,
     ThreadedProducer,
@@ -46,7 +51,7 @@ impl Publisher {
     }
 
     /// Publishes and waits for the broker's acknowledgement (acks=all).
-    #[tracing::instrument(name = "kafka.publish", skip_all, fields(order_id = %event.order_id))]
+    #[tracing::instrument(name = "kafka.publish", skip_all, fields(order_id = %event.order_id, otel.kind = "producer"))]
     pub async fn publish(&self, event: &ReservedEvent) -> Result<(), PublishError> {
         let payload = match serde_json::to_vec(&super::VoucherEvent::Reserved(event.clone())) {
             Ok(payload) => payload,
@@ -56,9 +61,12 @@ impl Publisher {
                 return Err(PublishError::NotWritten(invalid));
             }
         };
-        let record = FutureRecord::to(&self.topic)
+        let mut record = FutureRecord::to(&self.topic)
             .key(event.voucher_code.as_str())
             .payload(&payload);
+        if let Some(headers) = trace_headers() {
+            record = record.headers(headers);
+        }
         // Zero queue timeout: a full local queue fails now (certainly not written) instead
         // of making the request wait.
         match self.producer.send(record, Duration::ZERO).await {
@@ -96,15 +104,20 @@ impl Announcer {
     }
 
     /// Queues `event`; never waits. A full local queue drops it (counted `not_written`).
+    /// Its span covers the queueing only: the delivery is reported later, on another thread.
+    #[tracing::instrument(level = "debug", name = "kafka.announce", skip_all, fields(otel.kind = "producer"))]
     pub fn announce(&self, event: ReservedEvent) {
         let event = super::VoucherEvent::Reserved(event);
         let Ok(payload) = serde_json::to_vec(&event) else {
             return; // cannot happen: plain strings and integers
         };
         let super::VoucherEvent::Reserved(reserved) = &event;
-        let record = BaseRecord::with_opaque_to(&self.topic, Box::new(Instant::now()))
+        let mut record = BaseRecord::with_opaque_to(&self.topic, Box::new(Instant::now()))
             .key(reserved.voucher_code.as_str())
             .payload(&payload);
+        if let Some(headers) = trace_headers() {
+            record = record.headers(headers);
+        }
         if let Err((e, record)) = self.producer.send(record) {
             self.producer
                 .context()
@@ -150,6 +163,24 @@ impl ProducerContext for Deliveries {
         };
         self.delivered(&started, result);
     }
+}
+
+/// The record headers that carry the current span's trace context; `None` while tracing
+/// is off (no header at all, as before traces existed).
+fn trace_headers() -> Option<OwnedHeaders> {
+    let context = voucher_telemetry::trace::outgoing(&tracing::Span::current());
+    if context.is_empty() {
+        return None;
+    }
+    let headers = context
+        .iter()
+        .fold(OwnedHeaders::new(), |headers, (key, value)| {
+            headers.insert(Header {
+                key,
+                value: Some(value.as_str()),
+            })
+        });
+    Some(headers)
 }
 
 /// What both producers are: acks from every in-sync replica, `message_timeout`, `linger`.

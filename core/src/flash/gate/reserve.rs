@@ -279,6 +279,7 @@ impl Gate {
     }
 
     /// Claims `order_id` for `code` across all vouchers; `false` when another voucher holds it.
+    #[tracing::instrument(level = "debug", name = "gate.claim_order", skip_all)]
     pub async fn claim_order(&self, order_id: &OrderId, code: &VoucherCode) -> Result<bool> {
         let key = self.claim_key(order_id.as_str());
         let set: Option<String> = redis::cmd("SET")
