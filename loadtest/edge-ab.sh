@@ -8,6 +8,7 @@
 # e.g. loadtest/edge-ab.sh "/tmp/edge-old:EDGE__READ_BUFFER_BYTES=65536" "$HOME/.cache/voucher-gate/target/release/voucher-edge:EDGE__READ_BUFFER_BYTES=4096"
 . "$(dirname "$0")/../scripts/lib.sh"
 cd "$ROOT"
+command -v wrk >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
 ROUNDS=${ROUNDS:-3}
 CODE=AB$(date +%H%M%S)
 sold_out_voucher "$CODE"

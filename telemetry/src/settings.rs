@@ -55,3 +55,31 @@ impl TraceSettings {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tracing_is_off_by_default_and_bad_settings_are_refused() {
+        let default = TraceSettings::default();
+        assert!(default.otlp_endpoint.is_none());
+        assert!(default.validate().is_ok());
+        for bad in [
+            TraceSettings {
+                sample_ratio: 1.5,
+                ..TraceSettings::default()
+            },
+            TraceSettings {
+                queue_size: 0,
+                ..TraceSettings::default()
+            },
+            TraceSettings {
+                otlp_endpoint: Some("collector:4318".into()),
+                ..TraceSettings::default()
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+    }
+}

@@ -133,3 +133,20 @@ mod otlp {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Before `init` exports anything, no header is read or written.
+    #[test]
+    fn with_tracing_off_no_context_goes_out() {
+        assert!(!crate::tracing_enabled());
+        let span = tracing::info_span!("request");
+        continue_from(&span, |_| {
+            Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+        });
+        assert!(outgoing(&span).is_empty());
+        assert!(current().is_disabled());
+    }
+}
