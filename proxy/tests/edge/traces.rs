@@ -1,7 +1,7 @@
 //! Traces across the path, with the real binaries exporting to an OTLP receiver: a
 //! reservation's spans, from the edge through the core's gate call, the recorder's commit
 //! and the event's publish to the writer that reads the event, form one trace that
-//! continues the client's `traceparent`.
+//! continues the client's `traceparent`; and a collector that stalls changes no answer.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -9,7 +9,10 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::json;
+use voucher_core::config::Settings;
+use voucher_core::flash::gate::Gate;
 use voucher_testkit::helpers::TestDb;
+use voucher_testkit::invariants::{self, Accepted};
 use voucher_testkit::otlp::{OtlpReceiver, ReceivedSpan};
 use voucher_testkit::stack::{
     delete_keys, flash_settings, flash_voucher, Broker, CoreProcess, EdgeProcess, REDIS_URL,
@@ -42,35 +45,13 @@ fn core_binary() -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_reservation_is_one_trace_from_the_edge_to_the_writer() {
     let receiver = OtlpReceiver::start().await;
-    let db = TestDb::create().await;
-    let broker = Broker::start().await;
-    let tag = uuid::Uuid::new_v4().simple().to_string();
-    let mut settings = flash_settings(&db.url, &broker, &tag);
-    // PostgreSQL decides (the default) and this core writes events too, as a fleet moving
-    // between decisions does: the event's trace context reaches a writer.
-    if let Some(kafka) = settings.kafka.as_mut() {
-        kafka.consume = Some(true);
-    }
-    settings.tracing.otlp_endpoint = Some(receiver.endpoint.clone());
-    settings.tracing.export_interval = Duration::from_millis(100);
-    let prefix = settings
-        .redis
-        .as_ref()
-        .map(|r| r.key_prefix.clone())
-        .unwrap_or_default();
-    let core = CoreProcess::start(&core_binary(), &settings, &[]).await;
-    let edge = EdgeProcess::start_with_env(
-        edge_binary(),
-        &[core.address().as_str()],
-        REDIS_URL,
-        &prefix,
-        Duration::from_secs(1),
-        &[
-            ("EDGE__TRACING__OTLP_ENDPOINT", receiver.endpoint.as_str()),
-            ("EDGE__TRACING__EXPORT_INTERVAL", "100ms"),
-        ],
-    )
-    .await;
+    let TracedStack {
+        db,
+        broker: _broker,
+        settings,
+        core,
+        edge,
+    } = TracedStack::start(&receiver.endpoint).await;
     core.api.given_voucher(flash_voucher("TRACED", 10, 1)).await;
 
     let trace_id = uuid::Uuid::new_v4().simple().to_string();
@@ -244,16 +225,127 @@ async fn a_reservation_is_one_trace_from_the_edge_to_the_writer() {
         "probes are not traced"
     );
 
-    let pool = sqlx::PgPool::connect(&db.url).await.expect("database");
-    let rows: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM redemptions WHERE voucher_code = 'TRACED'")
-            .fetch_one(&pool)
-            .await
-            .expect("count");
-    assert_eq!(rows, 2, "both reservations are held");
-    pool.close().await;
+    let accepted = [
+        Accepted::new("TRACED", "c1", "o-traced-1"),
+        Accepted::new("TRACED", "c2", "o-traced-2"),
+    ];
     drop(edge);
     drop(core);
-    delete_keys(&prefix).await;
+    finish(&db, &settings, &accepted).await;
+}
+
+/// A collector that takes connections and never answers changes no answer: its exports
+/// wait on the exporters' own threads, never on a request, and the sale through the edge
+/// sells out exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stalled_collector_changes_no_answer() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a free port");
+    let endpoint = format!("http://{}", listener.local_addr().expect("bound"));
+    let stalled = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let TracedStack {
+        db,
+        broker: _broker,
+        settings,
+        core,
+        edge,
+    } = TracedStack::start(&endpoint).await;
+    core.api.given_voucher(flash_voucher("STALLED", 5, 1)).await;
+    let mut accepted = Vec::new();
+    for i in 0..12 {
+        let (customer, order) = (format!("c{i}"), format!("o-stalled-{i}"));
+        let resp = edge
+            .api
+            .reserve("STALLED", &customer, &order, 250_000)
+            .await;
+        match resp.status() {
+            StatusCode::CREATED => accepted.push(Accepted::new("STALLED", &customer, &order)),
+            StatusCode::CONFLICT => {}
+            other => panic!("reservation {i} answered {other}"),
+        }
+    }
+    assert_eq!(accepted.len(), 5, "the sale sells out exactly");
+    drop(edge);
+    drop(core);
+    stalled.abort();
+    finish(&db, &settings, &accepted).await;
+}
+
+/// A core (PostgreSQL deciding, its writers on) and an edge in front, both exporting to
+/// `endpoint` every 100 ms, on a database, broker and Redis prefix of the test's own.
+struct TracedStack {
+    db: TestDb,
+    broker: Broker,
+    settings: Settings,
+    core: CoreProcess,
+    edge: EdgeProcess,
+}
+
+impl TracedStack {
+    async fn start(endpoint: &str) -> Self {
+        let db = TestDb::create().await;
+        let broker = Broker::start().await;
+        let tag = uuid::Uuid::new_v4().simple().to_string();
+        let mut settings = flash_settings(&db.url, &broker, &tag);
+        // PostgreSQL decides (the default) and this core writes events too, as a fleet
+        // moving between decisions does: the event's trace context reaches a writer.
+        if let Some(kafka) = settings.kafka.as_mut() {
+            kafka.consume = Some(true);
+        }
+        settings.tracing.otlp_endpoint = Some(endpoint.to_owned());
+        settings.tracing.export_interval = Duration::from_millis(100);
+        let core = CoreProcess::start(&core_binary(), &settings, &[]).await;
+        let edge = EdgeProcess::start_with_env(
+            edge_binary(),
+            &[core.address().as_str()],
+            REDIS_URL,
+            &prefix(&settings),
+            Duration::from_secs(1),
+            &[
+                ("EDGE__TRACING__OTLP_ENDPOINT", endpoint),
+                ("EDGE__TRACING__EXPORT_INTERVAL", "100ms"),
+            ],
+        )
+        .await;
+        Self {
+            db,
+            broker,
+            settings,
+            core,
+            edge,
+        }
+    }
+}
+
+fn prefix(settings: &Settings) -> String {
+    settings
+        .redis
+        .as_ref()
+        .map(|r| r.key_prefix.clone())
+        .unwrap_or_default()
+}
+
+/// Invariants 1 to 5 against PostgreSQL and the gate (once the processes are stopped),
+/// then the test's database and Redis keys go.
+async fn finish(db: &TestDb, settings: &Settings, accepted: &[Accepted]) {
+    let pool = sqlx::PgPool::connect(&db.url).await.expect("database");
+    let redis = settings.redis.as_ref().expect("flash settings have redis");
+    let gate = Gate::connect(redis).await.expect("gate");
+    let report = invariants::check_with_gate(&pool, &gate, accepted)
+        .await
+        .expect("invariant queries run");
+    assert!(
+        report.holds(),
+        "invariants violated: {:#?}",
+        report.violations
+    );
+    pool.close().await;
+    delete_keys(&prefix(settings)).await;
     db.drop_db().await;
 }

@@ -168,6 +168,11 @@ impl ProducerContext for Deliveries {
 /// The record headers that carry the current span's trace context; `None` while tracing
 /// is off (no header at all, as before traces existed).
 fn trace_headers() -> Option<OwnedHeaders> {
+    // Checked before `Span::current()`, which is a lookup in the subscriber: this runs for
+    // every event.
+    if !voucher_telemetry::tracing_enabled() {
+        return None;
+    }
     let context = voucher_telemetry::trace::outgoing(&tracing::Span::current());
     if context.is_empty() {
         return None;
