@@ -40,6 +40,20 @@ pub fn redis_client(url: &str, tls: &RedisTls) -> anyhow::Result<redis::Client> 
         "Redis certificates are set but the URL is not rediss://: the connection would not \
          use them"
     );
+    let certificates = certificates(tls)?.unwrap_or(redis::TlsCertificates {
+        client_tls: None,
+        root_cert: None,
+    });
+    Ok(redis::Client::build_with_tls(url, certificates)?)
+}
+
+/// The certificates of `tls` read from their files, or `None` when no file is set (the
+/// system's roots, no client certificate); a certificate without its key is refused. A
+/// Redis Cluster's client takes them as they are, for every node.
+pub fn certificates(tls: &RedisTls) -> anyhow::Result<Option<redis::TlsCertificates>> {
+    if tls.is_empty() {
+        return Ok(None);
+    }
     let read = |path: &PathBuf| {
         std::fs::read(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))
     };
@@ -52,13 +66,10 @@ pub fn redis_client(url: &str, tls: &RedisTls) -> anyhow::Result<redis::Client> 
         _ => anyhow::bail!("a Redis client certificate needs both cert_file and key_file"),
     };
     let root_cert = tls.ca_file.as_ref().map(read).transpose()?;
-    Ok(redis::Client::build_with_tls(
-        url,
-        redis::TlsCertificates {
-            client_tls,
-            root_cert,
-        },
-    )?)
+    Ok(Some(redis::TlsCertificates {
+        client_tls,
+        root_cert,
+    }))
 }
 
 #[cfg(test)]

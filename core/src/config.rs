@@ -218,7 +218,11 @@ impl Default for LogSettings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisSettings {
-    /// May carry a password: kept as a secret, never printed.
+    /// A single Redis (`single`, the default) or a Redis Cluster (`cluster`).
+    pub topology: crate::flash::gate::Topology,
+    /// The server's URL; with `topology = "cluster"`, one or more of the cluster's nodes,
+    /// comma-separated (`redis://10.0.0.1:7000,redis://10.0.0.2:7000`). May carry a
+    /// password: kept as a secret, never printed.
     pub url: SecretString,
     /// Put before every key, so several deployments (or tests) can share one Redis. The
     /// availability channel the edges listen on is derived from it.
@@ -234,6 +238,7 @@ pub struct RedisSettings {
 impl Default for RedisSettings {
     fn default() -> Self {
         Self {
+            topology: Default::default(),
             url: "redis://127.0.0.1:6379/".into(),
             key_prefix: voucher_contract::DEFAULT_KEY_PREFIX.into(),
             timeout: Duration::from_secs(1),
@@ -243,6 +248,7 @@ impl Default for RedisSettings {
 }
 
 impl RedisSettings {
+    /// The client of a single server (`topology = "single"`).
     pub fn client(&self) -> anyhow::Result<redis::Client> {
         voucher_contract::redis_tls::redis_client(self.url.expose_secret(), &self.tls)
     }

@@ -66,8 +66,11 @@ pub struct EdgeSettings {
     /// reservation's whole body must arrive within it (a dribbled body gets 400).
     #[serde(with = "humantime_serde")]
     pub client_timeout: Duration,
-    /// Redis whose Pub/Sub channel announces uses given back: flags drop at once. May carry
-    /// a password: kept as a secret, never printed.
+    /// Redis whose Pub/Sub channel announces uses given back: flags drop at once. For a
+    /// Redis Cluster, several of its nodes, comma-separated: a cluster delivers every
+    /// message published on any node to subscribers of every node, so the edge listens on
+    /// one node at a time and moves to the next when it loses it. May carry a password:
+    /// kept as a secret, never printed.
     pub redis_url: Option<SecretString>,
     /// Certificates of a Redis reached over TLS (`rediss://`): `redis_tls.ca_file`,
     /// `cert_file`, `key_file` (`EDGE__REDIS_TLS__CA_FILE`...), as the cores read theirs.

@@ -189,12 +189,18 @@ pub fn build(settings: EdgeSettings) -> anyhow::Result<EdgeServer> {
     ));
     if let Some(url) = &settings.redis_url {
         // Built here so that a bad URL or an unreadable certificate stops the start.
-        let client =
-            voucher_contract::redis_tls::redis_client(url.expose_secret(), &settings.redis_tls)?;
+        let clients = url
+            .expose_secret()
+            .split(',')
+            .map(str::trim)
+            .filter(|node| !node.is_empty())
+            .map(|node| voucher_contract::redis_tls::redis_client(node, &settings.redis_tls))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        anyhow::ensure!(!clients.is_empty(), "redis_url names no Redis");
         server.add_service(background_service(
             "availability signals",
             AvailabilitySignals {
-                client,
+                clients,
                 channel: settings.availability_channel(),
                 // Flags start early only where the edge answers for sold-out vouchers.
                 sold_out_channel: settings

@@ -3,6 +3,10 @@
 //! drops that voucher's flag at once), and on the sold-out channel when its gate took its
 //! last use or an operator paused or archived it (the edge starts its flag at once,
 //! `flagging`).
+//!
+//! On a Redis Cluster a message published on any node reaches the subscribers of every
+//! node (classic Pub/Sub travels the cluster bus), so the edge listens on one node and,
+//! when it loses that one, on the next of its list.
 
 use std::time::Duration;
 
@@ -14,7 +18,8 @@ use pingora::services::background::BackgroundService;
 use crate::flagging::Flagger;
 
 pub struct AvailabilitySignals {
-    pub client: redis::Client,
+    /// One Redis, or nodes of one cluster, tried in turn.
+    pub clients: Vec<redis::Client>,
     pub channel: String,
     /// Listened to only where the edge answers for sold-out vouchers.
     pub sold_out_channel: Option<String>,
@@ -22,8 +27,8 @@ pub struct AvailabilitySignals {
 }
 
 impl AvailabilitySignals {
-    async fn listen(&self) -> redis::RedisResult<()> {
-        let mut pubsub = self.client.get_async_pubsub().await?;
+    async fn listen(&self, client: &redis::Client) -> redis::RedisResult<()> {
+        let mut pubsub = client.get_async_pubsub().await?;
         pubsub.subscribe(&self.channel).await?;
         if let Some(sold_out) = &self.sold_out_channel {
             pubsub.subscribe(sold_out).await?;
@@ -51,12 +56,12 @@ impl AvailabilitySignals {
 #[async_trait]
 impl BackgroundService for AvailabilitySignals {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        loop {
+        for (node, client) in self.clients.iter().enumerate().cycle() {
             tokio::select! {
                 _ = shutdown.changed() => return,
-                result = self.listen() => {
+                result = self.listen(client) => {
                     // Lost the subscription: flags still end with their TTL meanwhile.
-                    tracing::warn!(?result, "availability channel lost; resubscribing");
+                    tracing::warn!(?result, node, "availability channel lost; resubscribing");
                 }
             }
             tokio::select! {

@@ -105,6 +105,7 @@ pub fn settings_for(db_url: &str) -> Settings {
 }
 
 /// Calls the API at `base` (a core, or an edge in front of cores).
+#[derive(Clone)]
 pub struct ApiClient {
     pub base: String,
     pub client: reqwest::Client,

@@ -41,6 +41,11 @@ impl Process {
         self.signal("TERM");
     }
 
+    /// Whether a process is owned and was not killed on purpose (it may still have died).
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+
     /// Whether the process has exited (reaping it if so).
     pub fn exited(&mut self) -> bool {
         match &mut self.child {

@@ -3,6 +3,7 @@
 
 mod admission;
 mod clock;
+mod cluster;
 mod concurrency;
 mod constraints;
 mod consumer;

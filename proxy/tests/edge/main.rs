@@ -4,6 +4,7 @@
 mod cluster;
 mod dashboards;
 mod fuzz;
+mod redis_cluster;
 mod traces;
 
 use std::time::Duration;

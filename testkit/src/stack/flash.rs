@@ -90,7 +90,8 @@ impl FlashStackBuilder {
                     EdgeProcess::start_with_env(
                         &binary,
                         &addrs,
-                        REDIS_URL,
+                        // The cores' own Redis (or cluster nodes), as an operator sets both.
+                        secrecy::ExposeSecret::expose_secret(&redis.url),
                         &redis.key_prefix,
                         ttl,
                         &self.edge_env,

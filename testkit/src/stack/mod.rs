@@ -7,6 +7,7 @@
 //! One file per job, so that a test touching one piece reads only that piece:
 //! - `broker.rs`: the tansu broker, plain or secured, killed, frozen and resumed;
 //! - `redis.rs`: the shared Redis and its per-test keys, and a Redis server of a test's own;
+//! - `redis_cluster.rs`: a Redis Cluster of a test's own (three masters, a replica each);
 //! - `core.rs`: the core binary as a process of its own, and the clocks made wrong for it;
 //! - `edge.rs`: the edge binary as a process of its own;
 //! - `flash.rs`: the pieces assembled into a [`FlashStack`], and its settings.
@@ -19,6 +20,7 @@ mod core;
 mod edge;
 mod flash;
 mod redis;
+mod redis_cluster;
 
 // `self::`: `core` and `redis` alone would also name the crates of those names.
 pub use self::broker::Broker;
@@ -28,3 +30,4 @@ pub use self::flash::{flash_settings, flash_voucher, FlashStack, FlashStackBuild
 pub use self::redis::{
     delete_keys, redis_connection, save_gate, RedisServer, SavedGate, REDIS_URL,
 };
+pub use self::redis_cluster::{ClusterNode, RedisCluster, NODE_TIMEOUT};

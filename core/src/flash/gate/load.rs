@@ -7,6 +7,10 @@ use super::{identity, ms, redis_down, Gate, OrderRecord, CHUNK};
 use crate::domain::{Voucher, VoucherCode};
 use crate::{Error, Result};
 
+/// Claims sent at once when a rebuilt gate's orders are claimed again: enough to hide the
+/// round trips, few enough that a million-order voucher does not queue a million commands.
+const CLAIMS_IN_FLIGHT: usize = 256;
+
 /// The state a gate is loaded with in one piece (a new voucher, tests, the benchmark).
 #[derive(Debug, Clone, Default)]
 pub struct GateLoad {
@@ -191,21 +195,24 @@ impl Gate {
     }
 
     /// Claims every order of `orders` for `code` unless another voucher holds it: after a
-    /// rebuild, the claims lost with the gate are back. Pipelined in chunks, so a voucher
-    /// with many orders costs few round trips and no long Redis call.
+    /// rebuild, the claims lost with the gate are back. Each claim is a key of its own slot
+    /// (one per orderId, `claim_key`), so they are sent as separate commands, many at once:
+    /// on one server the connection pipelines them; on a cluster each goes to its slot's
+    /// master (a pipeline across slots would be refused).
     pub async fn claim_orders(&self, code: &VoucherCode, orders: &[String]) -> Result<()> {
-        for chunk in orders.chunks(1000) {
-            let mut pipe = redis::pipe();
-            for order in chunk {
-                pipe.cmd("SET")
+        for chunk in orders.chunks(CLAIMS_IN_FLIGHT) {
+            let claims = chunk.iter().map(|order| {
+                let mut conn = self.conn.clone();
+                let mut claim = redis::cmd("SET");
+                claim
                     .arg(self.claim_key(order))
                     .arg(code.as_str())
                     .arg("NX")
                     .arg("EX")
-                    .arg(ORDER_CLAIM_TTL_SECS)
-                    .ignore();
-            }
-            pipe.query_async::<()>(&mut self.conn.clone())
+                    .arg(ORDER_CLAIM_TTL_SECS);
+                async move { claim.query_async::<Option<String>>(&mut conn).await }
+            });
+            futures::future::try_join_all(claims)
                 .await
                 .map_err(redis_down)?;
         }

@@ -4,15 +4,18 @@
 //! The scripts live in the top-level `lua/` folder (see its README for the keys) and are
 //! included at build time (`scripts.rs`). They are loaded once and run by SHA;
 //! `redis::Script` falls back to sending the source when Redis answers NOSCRIPT (after a
-//! restart or SCRIPT FLUSH). Outcomes come back as typed enums.
+//! restart or SCRIPT FLUSH, or on a replica promoted on a cluster). Outcomes come back as
+//! typed enums. One Redis or a Redis Cluster, by configuration ([`connection`]).
 //!
 //! One module per family of calls:
+//! - [`connection`]: the one connection, to a server or a cluster;
 //! - [`reserve`]: the reserve path (decide, mark, settle a batch, release, the orderId's claim);
 //! - [`load`]: loading a gate and its generations;
 //! - [`reconcile`]: what reconciliation reads, and its repair;
 //! - [`orders`]: every order of a gate, for the orders endpoint and the edge's filter;
 //! - [`record`]: the per-order record the scripts keep.
 
+mod connection;
 mod load;
 mod orders;
 mod reconcile;
@@ -20,8 +23,7 @@ mod record;
 mod reserve;
 mod scripts;
 
-use redis::aio::ConnectionManager;
-
+pub use connection::{cluster_nodes, Topology};
 pub use load::{Amended, GateLoad, LoadStart, Loading};
 pub use reconcile::{GateSnapshot, SNAPSHOT_UNSETTLED_MAX};
 pub use record::{OrderRecord, RecordState};
@@ -31,6 +33,7 @@ pub use scripts::{ScriptSource, RESERVE_SCRIPT, SCRIPT_SOURCES};
 use crate::config::RedisSettings;
 use crate::domain::{Voucher, VoucherCode};
 use crate::{Error, Result};
+use connection::GateConnection;
 use scripts::Scripts;
 
 /// The generation of the PostgreSQL read a gate was loaded from (`vouchers.gate_generation`), or a
@@ -47,7 +50,8 @@ pub const CHUNK: usize = 250;
 
 #[derive(Clone)]
 pub struct Gate {
-    conn: ConnectionManager,
+    /// A single Redis or a Redis Cluster (`connection.rs`).
+    conn: GateConnection,
     /// Put before every key, so several deployments (or tests) can share one Redis.
     prefix: String,
     /// Where uses given back are announced to the edges.
@@ -85,12 +89,7 @@ fn identity(voucher: &Voucher) -> i64 {
 
 impl Gate {
     pub async fn connect(settings: &RedisSettings) -> anyhow::Result<Self> {
-        let client = settings.client()?;
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(settings.timeout)
-            .set_response_timeout(settings.timeout)
-            .set_number_of_retries(1);
-        let conn = ConnectionManager::new_with_config(client, config).await?;
+        let conn = GateConnection::open(settings).await?;
         let scripts = Scripts::new();
         let gate = Self {
             conn,

@@ -1,0 +1,295 @@
+//! The flash gate on a Redis Cluster (`[redis] topology = "cluster"`): three masters with a
+//! replica each, of the test's own. Vouchers whose hash tags fall on different masters sell
+//! out exactly; a master killed mid-sale costs its customers nothing but 503s until its
+//! replica is promoted; a voucher's slot moved to another master mid-sale (ASK while its
+//! keys migrate, MOVED after) is never answered with a 5xx. Each test ends with the
+//! invariants on PostgreSQL and the gate, and every 201's retry answering what PostgreSQL
+//! holds.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use voucher_core::flash::gate::Topology;
+use voucher_testkit::helpers::ApiClient;
+use voucher_testkit::sale::Attempt;
+use voucher_testkit::stack::{RedisCluster, NODE_TIMEOUT};
+
+use crate::sale::Sale;
+use crate::stack::{flash_voucher, FlashStack};
+
+/// A flash stack whose cores use `cluster`, reconciling every second as in production (a
+/// replica promoted behind its master is a gate gone back in time, which reconciliation
+/// repairs).
+async fn stack_on(cluster: &RedisCluster) -> FlashStack {
+    let url = cluster.url();
+    FlashStack::builder()
+        .start_with(|s| {
+            let redis = s.redis.as_mut().expect("flash settings have redis");
+            redis.topology = Topology::Cluster;
+            redis.url = url.into();
+            s.flash.reconcile_enabled = true;
+            s.flash.reconcile_interval = Duration::from_secs(1);
+        })
+        .await
+}
+
+/// `n` voucher codes whose gates live on `n` different masters, named `{prefix}{i}`.
+async fn codes_on_distinct_masters(cluster: &RedisCluster, prefix: &str, n: usize) -> Vec<String> {
+    let mut codes = Vec::new();
+    let mut masters = Vec::new();
+    for i in 0.. {
+        let code = format!("{prefix}{i}");
+        let master = cluster
+            .master_of(cluster.slot(&format!("{{{code}}}")).await)
+            .await;
+        if !masters.contains(&master.port) {
+            masters.push(master.port);
+            codes.push(code);
+        }
+        if codes.len() == n {
+            break;
+        }
+    }
+    codes
+}
+
+/// Every 201 retried with its orderId answers 201 with the same reservation.
+async fn replays_hold(api: &ApiClient, accepted: &[&Attempt]) {
+    for first in accepted {
+        let again = api
+            .attempt(&first.voucher, &first.customer, &first.order, 100_000)
+            .await;
+        assert_eq!(again.status, StatusCode::CREATED, "{:?}", again.body);
+        assert_eq!(again.body["id"], first.body["id"], "{:?}", again.body);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn vouchers_on_every_master_of_a_redis_cluster_sell_out_exactly() {
+    let cluster = RedisCluster::start().await;
+    let env = stack_on(&cluster).await;
+    let app = env.app();
+    let codes = codes_on_distinct_masters(&cluster, "CLU", 3).await;
+    for code in &codes {
+        app.given_voucher(flash_voucher(code, 20, 1)).await;
+    }
+    let sales: Vec<Sale> = codes
+        .iter()
+        .map(|code| Sale {
+            in_flight: 20,
+            ..Sale::new(code, code, 60)
+        })
+        .collect();
+    let results = futures::future::join_all(sales.iter().map(|sale| sale.run(app))).await;
+    let mut accepted = Vec::new();
+    for (code, sale) in codes.iter().zip(&results) {
+        assert_eq!(sale.created(), 20, "{code}");
+        assert_eq!(
+            sale.count(StatusCode::CONFLICT, "OUT_OF_STOCK"),
+            40,
+            "{code}"
+        );
+        assert_eq!(env.rows(code).await, 20, "{code}");
+        // The gate's keys are on the cluster, under the voucher's hash tag.
+        let remaining = env
+            .gate
+            .remaining(&voucher_core::domain::VoucherCode::parse(code.clone()).expect("code"))
+            .await
+            .expect("gate");
+        assert_eq!(remaining, Some(0), "{code}");
+        accepted.extend(sale.accepted());
+        let created: Vec<&Attempt> = sale
+            .attempts
+            .iter()
+            .filter(|a| a.status == StatusCode::CREATED)
+            .collect();
+        replays_hold(app, &created).await;
+    }
+    env.finish(&accepted).await;
+    drop(cluster);
+}
+
+/// Customers reserving `code` at a steady pace, `workers` at a time, each retrying a 503
+/// with the same orderId until it gets an answer (at most `MAX_503` times, so a cluster
+/// that never recovers ends the test): every answer (503s too) is kept with the time it
+/// came back.
+const MAX_503: usize = 200;
+
+struct Checkouts {
+    answers: Mutex<Vec<(Instant, Attempt)>>,
+    created: AtomicUsize,
+    next: AtomicUsize,
+}
+
+impl Checkouts {
+    async fn run(self: Arc<Self>, api: ApiClient, code: String, customers: usize) {
+        loop {
+            let i = self.next.fetch_add(1, Ordering::SeqCst);
+            if i >= customers {
+                return;
+            }
+            let (customer, order) = (format!("{code}-c{i}"), format!("{code}-o{i}"));
+            for _ in 0..=MAX_503 {
+                let attempt = api.attempt(&code, &customer, &order, 100_000).await;
+                let status = attempt.status;
+                self.answers
+                    .lock()
+                    .expect("answers")
+                    .push((Instant::now(), attempt));
+                if status == StatusCode::SERVICE_UNAVAILABLE {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+                if status == StatusCode::CREATED {
+                    self.created.fetch_add(1, Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                break;
+            }
+        }
+    }
+}
+
+/// Runs `customers` checkouts of `code` from 8 workers while `fault` strikes once 40 uses
+/// are taken; returns every answer and when the fault began.
+async fn sale_through(
+    env: &FlashStack,
+    code: &str,
+    customers: usize,
+    fault: impl std::future::Future<Output = ()>,
+) -> (Vec<(Instant, Attempt)>, Instant) {
+    let checkouts = Arc::new(Checkouts {
+        answers: Mutex::new(Vec::new()),
+        created: AtomicUsize::new(0),
+        next: AtomicUsize::new(0),
+    });
+    let workers: Vec<_> = (0..8)
+        .map(|_| {
+            tokio::spawn(
+                checkouts
+                    .clone()
+                    .run(env.app().api.clone(), code.to_owned(), customers),
+            )
+        })
+        .collect();
+    voucher_testkit::wait::eventually(Duration::from_secs(30), "40 uses taken", || async {
+        (checkouts.created.load(Ordering::SeqCst) >= 40).then_some(())
+    })
+    .await;
+    let struck = Instant::now();
+    fault.await;
+    for worker in workers {
+        worker.await.expect("checkouts");
+    }
+    let answers = std::mem::take(&mut *checkouts.answers.lock().expect("answers"));
+    (answers, struck)
+}
+
+/// What every fault test of the cluster checks after its sale: only 201, 409 and 503 were
+/// answered; exactly the limit was issued and PostgreSQL holds it; every 201's retry
+/// answers its reservation; the invariants hold (with reconciliation repairing a gate left
+/// behind).
+async fn sold_out_exactly(
+    env: FlashStack,
+    code: &str,
+    limit: usize,
+    answers: &[(Instant, Attempt)],
+) {
+    for (_, a) in answers {
+        assert!(
+            matches!(
+                a.status,
+                StatusCode::CREATED | StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE
+            ),
+            "{} {:?}",
+            a.status,
+            a.body
+        );
+    }
+    let created: Vec<&Attempt> = answers
+        .iter()
+        .map(|(_, a)| a)
+        .filter(|a| a.status == StatusCode::CREATED)
+        .collect();
+    assert_eq!(created.len(), limit, "every use issued once");
+    assert_eq!(env.rows(code).await, limit as i64);
+    replays_hold(env.app(), &created).await;
+    let accepted: Vec<_> = created.iter().map(|a| a.accepted()).collect();
+    env.finish(&accepted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_master_killed_mid_sale_costs_only_503s_until_its_replica_is_promoted() {
+    let mut cluster = RedisCluster::start().await;
+    let env = stack_on(&cluster).await;
+    let code = "CLUKILL";
+    env.app().given_voucher(flash_voucher(code, 150, 1)).await;
+    let master = cluster.master_of(cluster.slot("{CLUKILL}").await).await;
+
+    let cluster_ref = &mut cluster;
+    let (answers, killed) = sale_through(&env, code, 300, async move {
+        cluster_ref.kill(master.port);
+    })
+    .await;
+    cluster.until_settled().await;
+    let promoted = cluster.master_of(cluster.slot("{CLUKILL}").await).await;
+    assert_ne!(promoted.port, master.port, "the replica took the slot over");
+
+    let unavailable: Vec<Duration> = answers
+        .iter()
+        .filter(|(_, a)| a.status == StatusCode::SERVICE_UNAVAILABLE)
+        .map(|(at, _)| at.saturating_duration_since(killed))
+        .collect();
+    let last = unavailable.iter().max().copied().unwrap_or_default();
+    assert!(
+        last <= NODE_TIMEOUT + Duration::from_secs(2),
+        "503s went on {last:?} after the kill ({} of them); the bound is the node timeout \
+         ({NODE_TIMEOUT:?}) plus 2 s",
+        unavailable.len()
+    );
+    sold_out_exactly(env, code, 150, &answers).await;
+    drop(cluster);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_moved_to_another_master_mid_sale_is_followed_without_a_5xx() {
+    let cluster = RedisCluster::start().await;
+    let env = stack_on(&cluster).await;
+    let code = "CLUMOVE";
+    env.app().given_voucher(flash_voucher(code, 150, 1)).await;
+    let slot = cluster.slot("{CLUMOVE}").await;
+    let from = cluster.master_of(slot).await;
+    let to = cluster
+        .nodes()
+        .await
+        .into_iter()
+        .find(|n| n.master && !n.slots.is_empty() && n.port != from.port)
+        .expect("another master");
+
+    let (answers, _) = sale_through(&env, code, 300, async {
+        // Two keys per MIGRATE, 100 ms apart: the sale runs while the voucher's keys are
+        // split between the two masters.
+        cluster
+            .move_slot(slot, to.port, Duration::from_millis(100))
+            .await;
+    })
+    .await;
+    assert_eq!(
+        cluster.master_of(slot).await.port,
+        to.port,
+        "the slot moved"
+    );
+    let unavailable: Vec<_> = answers
+        .iter()
+        .filter(|(_, a)| a.status == StatusCode::SERVICE_UNAVAILABLE)
+        .map(|(_, a)| &a.body)
+        .collect();
+    assert!(
+        unavailable.is_empty(),
+        "a moving slot is followed, never refused: {unavailable:?}"
+    );
+    sold_out_exactly(env, code, 150, &answers).await;
+    drop(cluster);
+}
