@@ -1,5 +1,7 @@
 //! How the edge and the cores open their Redis client: one function, so that a `rediss://`
-//! URL, a private certificate authority and a client certificate mean the same on both.
+//! URL, a private certificate authority and a client certificate mean the same on both; and
+//! how both read a Redis Cluster's node list from one URL setting ([`node_urls`]), the
+//! certificates then going to the cluster's client as they are ([`certificates`]).
 //!
 //! Without any file set, the URL alone decides: `redis://` is plain TCP, `rediss://` is TLS
 //! verified against the system's roots. With `ca_file`, the server must present a
@@ -26,6 +28,15 @@ impl RedisTls {
     pub fn is_empty(&self) -> bool {
         self.ca_file.is_none() && self.cert_file.is_none() && self.key_file.is_none()
     }
+}
+
+/// The nodes of a comma-separated list of URLs (a Redis Cluster's, in the cores' `redis.url`
+/// and the edge's `redis_url`), blanks dropped; a single URL is a list of one.
+pub fn node_urls(list: &str) -> Vec<&str> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect()
 }
 
 /// A Redis client for `url` with `tls`'s certificates; fails on a missing or unreadable file,
@@ -75,6 +86,16 @@ pub fn certificates(tls: &RedisTls) -> anyhow::Result<Option<redis::TlsCertifica
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_list_is_split_on_commas_and_blanks_dropped() {
+        assert_eq!(
+            node_urls("redis://a:7000, redis://b:7001 ,,"),
+            vec!["redis://a:7000", "redis://b:7001"]
+        );
+        assert_eq!(node_urls("redis://a:6379/"), vec!["redis://a:6379/"]);
+        assert!(node_urls(" ").is_empty());
+    }
 
     #[test]
     fn certificates_need_a_tls_url_and_come_in_pairs() {

@@ -189,11 +189,8 @@ pub fn build(settings: EdgeSettings) -> anyhow::Result<EdgeServer> {
     ));
     if let Some(url) = &settings.redis_url {
         // Built here so that a bad URL or an unreadable certificate stops the start.
-        let clients = url
-            .expose_secret()
-            .split(',')
-            .map(str::trim)
-            .filter(|node| !node.is_empty())
+        let clients = voucher_contract::redis_tls::node_urls(url.expose_secret())
+            .into_iter()
             .map(|node| voucher_contract::redis_tls::redis_client(node, &settings.redis_tls))
             .collect::<anyhow::Result<Vec<_>>>()?;
         anyhow::ensure!(!clients.is_empty(), "redis_url names no Redis");

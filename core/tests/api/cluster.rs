@@ -111,7 +111,7 @@ async fn vouchers_on_every_master_of_a_redis_cluster_sell_out_exactly() {
     drop(cluster);
 }
 
-/// Customers reserving `code` at a steady pace, `workers` at a time, each retrying a 503
+/// Customers reserving `code` at a steady pace, a few at a time, each retrying a 503
 /// with the same orderId until it gets an answer (at most `MAX_503` times, so a cluster
 /// that never recovers ends the test): every answer (503s too) is kept with the time it
 /// came back.
@@ -153,13 +153,13 @@ impl Checkouts {
 }
 
 /// Runs `customers` checkouts of `code` from 8 workers while `fault` strikes once 40 uses
-/// are taken; returns every answer and when the fault began.
+/// are taken; returns every answer, when the fault began and when it was over.
 async fn sale_through(
     env: &FlashStack,
     code: &str,
     customers: usize,
     fault: impl std::future::Future<Output = ()>,
-) -> (Vec<(Instant, Attempt)>, Instant) {
+) -> (Vec<(Instant, Attempt)>, Instant, Instant) {
     let checkouts = Arc::new(Checkouts {
         answers: Mutex::new(Vec::new()),
         created: AtomicUsize::new(0),
@@ -180,11 +180,12 @@ async fn sale_through(
     .await;
     let struck = Instant::now();
     fault.await;
+    let over = Instant::now();
     for worker in workers {
         worker.await.expect("checkouts");
     }
     let answers = std::mem::take(&mut *checkouts.answers.lock().expect("answers"));
-    (answers, struck)
+    (answers, struck, over)
 }
 
 /// What every fault test of the cluster checks after its sale: only 201, 409 and 503 were
@@ -229,7 +230,7 @@ async fn a_master_killed_mid_sale_costs_only_503s_until_its_replica_is_promoted(
     let master = cluster.master_of(cluster.slot("{CLUKILL}").await).await;
 
     let cluster_ref = &mut cluster;
-    let (answers, killed) = sale_through(&env, code, 300, async move {
+    let (answers, killed, _) = sale_through(&env, code, 300, async move {
         cluster_ref.kill(master.port);
     })
     .await;
@@ -268,7 +269,7 @@ async fn a_slot_moved_to_another_master_mid_sale_is_followed_without_a_5xx() {
         .find(|n| n.master && !n.slots.is_empty() && n.port != from.port)
         .expect("another master");
 
-    let (answers, _) = sale_through(&env, code, 300, async {
+    let (answers, began, moved) = sale_through(&env, code, 300, async {
         // Two keys per MIGRATE, 100 ms apart: the sale runs while the voucher's keys are
         // split between the two masters.
         cluster
@@ -281,6 +282,11 @@ async fn a_slot_moved_to_another_master_mid_sale_is_followed_without_a_5xx() {
         to.port,
         "the slot moved"
     );
+    let during = answers
+        .iter()
+        .filter(|(at, _)| (began..=moved).contains(at))
+        .count();
+    assert!(during > 0, "answers came back while the slot was moving");
     let unavailable: Vec<_> = answers
         .iter()
         .filter(|(_, a)| a.status == StatusCode::SERVICE_UNAVAILABLE)

@@ -197,20 +197,7 @@ async fn the_last_use_taken_at_a_core_flags_the_voucher_at_the_edge_before_any_r
         .clone();
     let channel = voucher_contract::sold_out_channel(&prefix);
     // The announcement is not kept for a late subscriber: wait for the edge's subscription.
-    let conn = voucher_testkit::stack::redis_connection().await;
-    eventually(Duration::from_secs(10), "the edge subscribed", || {
-        let (mut conn, channel) = (conn.clone(), channel.clone());
-        async move {
-            let (_, subscribers): (String, i64) = redis::cmd("PUBSUB")
-                .arg("NUMSUB")
-                .arg(&channel)
-                .query_async(&mut conn)
-                .await
-                .ok()?;
-            (subscribers >= 1).then_some(())
-        }
-    })
-    .await;
+    voucher_testkit::stack::until_subscribed(voucher_testkit::stack::REDIS_URL, &channel).await;
 
     stack.app().given_voucher(flash_voucher("LAST", 3, 1)).await;
     let core = stack.app();

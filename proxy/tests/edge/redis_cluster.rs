@@ -9,8 +9,12 @@ use reqwest::StatusCode;
 use voucher_contract::headers;
 use voucher_core::flash::gate::Topology;
 use voucher_testkit::invariants::Accepted;
-use voucher_testkit::stack::{flash_voucher, FlashStack, RedisCluster};
+use voucher_testkit::stack::{flash_voucher, until_subscribed, FlashStack, RedisCluster};
 use voucher_testkit::wait::eventually;
+
+fn node_url(port: u16) -> String {
+    format!("redis://127.0.0.1:{port}/")
+}
 
 /// A code whose gate lives on a master other than the node on `port`.
 async fn code_away_from(cluster: &RedisCluster, prefix: &str, port: u16) -> String {
@@ -72,25 +76,6 @@ async fn sold_out_at_a_core(stack: &FlashStack, code: &str, signals: f64) -> Vec
     accepted
 }
 
-/// Waits until the node on `port` has a subscriber on `channel` (Pub/Sub is per node).
-async fn subscribed_on(port: u16, channel: &str) {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("client");
-    eventually(Duration::from_secs(15), "the edge subscribed", || {
-        let client = client.clone();
-        async move {
-            let mut conn = client.get_multiplexed_async_connection().await.ok()?;
-            let (_, subscribers): (String, i64) = redis::cmd("PUBSUB")
-                .arg("NUMSUB")
-                .arg(channel)
-                .query_async(&mut conn)
-                .await
-                .ok()?;
-            (subscribers >= 1).then_some(())
-        }
-    })
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_edge_hears_a_sell_out_on_another_master_and_listens_on_when_its_node_dies() {
     let mut cluster = RedisCluster::start().await;
@@ -108,14 +93,14 @@ async fn the_edge_hears_a_sell_out_on_another_master_and_listens_on_when_its_nod
     let channel = voucher_contract::sold_out_channel(&prefix);
     let ports = cluster.ports();
     // The edge listens on the first node of its list.
-    subscribed_on(ports[0], &channel).await;
+    until_subscribed(&node_url(ports[0]), &channel).await;
     let first = code_away_from(&cluster, "EDGECL", ports[0]).await;
     let mut accepted = sold_out_at_a_core(&stack, &first, 1.0).await;
 
     // The node it listens on dies: the edge moves to the next node of its list.
     cluster.kill(ports[0]);
     cluster.until_settled().await;
-    subscribed_on(ports[1], &channel).await;
+    until_subscribed(&node_url(ports[1]), &channel).await;
     let second = code_away_from(&cluster, "EDGECM", ports[1]).await;
     accepted.extend(sold_out_at_a_core(&stack, &second, 2.0).await);
     stack.finish(&accepted).await;

@@ -28,6 +28,6 @@ pub use self::core::{CoreProcess, CLOCK_MINUTE_BEHIND, CLOCK_STEPPED_BACK, LIBFA
 pub use self::edge::EdgeProcess;
 pub use self::flash::{flash_settings, flash_voucher, FlashStack, FlashStackBuilder};
 pub use self::redis::{
-    delete_keys, redis_connection, save_gate, RedisServer, SavedGate, REDIS_URL,
+    delete_keys, redis_connection, save_gate, until_subscribed, RedisServer, SavedGate, REDIS_URL,
 };
 pub use self::redis_cluster::{ClusterNode, RedisCluster, NODE_TIMEOUT};

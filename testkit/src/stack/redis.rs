@@ -99,21 +99,9 @@ impl RedisServer {
                 .collect(),
             None => vec!["--port", &port],
         };
-        let child = Command::new("redis-server")
+        let child = redis_server(&self.dir.0)
             .args(listen)
-            .args(["--bind", "127.0.0.1"])
-            .args([
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dbfilename",
-                "dump.rdb",
-            ])
-            .arg("--dir")
-            .arg(&self.dir.0)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .args(["--dbfilename", "dump.rdb"])
             .spawn()
             .expect("redis-server is installed");
         self.process.set(child);
@@ -158,6 +146,45 @@ impl RedisServer {
     pub fn unpause(&self) {
         self.process.unpause();
     }
+}
+
+/// `redis-server` on 127.0.0.1 keeping its files in `dir`, saving nothing on its own, its
+/// output dropped: what every server a test starts has in common (each adds its ports).
+pub(super) fn redis_server(dir: &std::path::Path) -> Command {
+    let mut command = Command::new("redis-server");
+    command
+        .args(["--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    command
+}
+
+/// Waits until the Redis at `url` has a subscriber on `channel` (an edge that subscribed:
+/// an announcement is not kept for a late subscriber). On a cluster, Pub/Sub subscribers
+/// are counted per node.
+pub async fn until_subscribed(url: &str, channel: &str) {
+    let client = redis::Client::open(url).expect("redis url");
+    eventually(
+        Duration::from_secs(15),
+        "a subscriber on the channel",
+        || {
+            let client = client.clone();
+            async move {
+                let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+                let (_, subscribers): (String, i64) = redis::cmd("PUBSUB")
+                    .arg("NUMSUB")
+                    .arg(channel)
+                    .query_async(&mut conn)
+                    .await
+                    .ok()?;
+                (subscribers >= 1).then_some(())
+            }
+        },
+    )
+    .await;
 }
 
 /// A connection to the tests' Redis, for tests that inspect or damage the gate by hand.

@@ -8,6 +8,7 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use super::redis::redis_server;
 use crate::process::Process;
 use crate::wait::eventually;
 use crate::{free_port, TempDir};
@@ -26,24 +27,18 @@ struct Node {
 
 impl Node {
     fn start(&mut self) {
-        let child = Command::new("redis-server")
+        let child = redis_server(&self.dir.0)
             .args(["--port", &self.port.to_string()])
             .args(["--cluster-port", &self.bus_port.to_string()])
-            .args(["--bind", "127.0.0.1"])
             .args(["--cluster-enabled", "yes"])
             .args(["--cluster-config-file", "nodes.conf"])
             .args([
                 "--cluster-node-timeout",
                 &NODE_TIMEOUT.as_millis().to_string(),
             ])
-            .args(["--save", "", "--appendonly", "no"])
             // A replica syncs at once (the default waits 5 s for more replicas to join a
             // diskless transfer): a replica that never synced is never promoted.
             .args(["--repl-diskless-sync-delay", "0"])
-            .arg("--dir")
-            .arg(&self.dir.0)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
             .spawn()
             .expect("redis-server is installed");
         self.process.set(child);

@@ -75,10 +75,16 @@ impl GateConnection {
 /// certificates of `[redis.tls]` for `rediss://` nodes.
 fn cluster_client(settings: &RedisSettings) -> anyhow::Result<redis::cluster::ClusterClient> {
     use secrecy::ExposeSecret;
-    let nodes = cluster_nodes(settings.url.expose_secret());
+    let nodes = redis_tls::node_urls(settings.url.expose_secret());
     anyhow::ensure!(
         !nodes.is_empty(),
         "redis.topology is cluster but redis.url names no node"
+    );
+    // As for one server (`redis_tls::redis_client`): certificates for plain nodes would be
+    // silently ignored.
+    anyhow::ensure!(
+        settings.tls.is_empty() || nodes.iter().all(|n| n.starts_with("rediss://")),
+        "Redis certificates are set but not every node's URL is rediss://"
     );
     let mut builder = redis::cluster::ClusterClientBuilder::new(nodes)
         .connection_timeout(settings.timeout)
@@ -91,15 +97,6 @@ fn cluster_client(settings: &RedisSettings) -> anyhow::Result<redis::cluster::Cl
         builder = builder.certs(certs);
     }
     Ok(builder.build()?)
-}
-
-/// The node URLs of a comma-separated list, blanks dropped.
-pub fn cluster_nodes(url: &str) -> Vec<String> {
-    url.split(',')
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-        .map(str::to_owned)
-        .collect()
 }
 
 impl ConnectionLike for GateConnection {
@@ -127,19 +124,5 @@ impl ConnectionLike for GateConnection {
             Self::Single(c) => c.get_db(),
             Self::Cluster(c) => c.get_db(),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_node_list_is_split_on_commas_and_blanks_dropped() {
-        assert_eq!(
-            cluster_nodes("redis://a:7000, redis://b:7001 ,,"),
-            vec!["redis://a:7000", "redis://b:7001"]
-        );
-        assert!(cluster_nodes(" ").is_empty());
     }
 }

@@ -23,7 +23,7 @@ mod record;
 mod reserve;
 mod scripts;
 
-pub use connection::{cluster_nodes, Topology};
+pub use connection::Topology;
 pub use load::{Amended, GateLoad, LoadStart, Loading};
 pub use reconcile::{GateSnapshot, SNAPSHOT_UNSETTLED_MAX};
 pub use record::{OrderRecord, RecordState};
