@@ -85,6 +85,10 @@ pub struct DatabaseSettings {
     /// (long on a big voucher, and holding no row lock) is exempt.
     #[serde(with = "humantime_serde")]
     pub idle_in_transaction_timeout: Duration,
+    /// With several hosts in `url` (a primary and its standbys): how often the core asks
+    /// its server whether it is still the primary, and looks for the new one when not.
+    #[serde(with = "humantime_serde")]
+    pub primary_check_interval: Duration,
 }
 
 impl Default for DatabaseSettings {
@@ -95,6 +99,7 @@ impl Default for DatabaseSettings {
             acquire_timeout: Duration::from_secs(2),
             migrate: true,
             idle_in_transaction_timeout: Duration::from_secs(5),
+            primary_check_interval: Duration::from_millis(500),
         }
     }
 }

@@ -278,11 +278,12 @@ impl From<sqlx::Error> for Error {
 /// SQLSTATEs that say "not now" rather than "never": serialization failure, deadlock, too
 /// many connections, shutting down or starting up, connection exceptions, and a database
 /// that is not accepting connections (55000, as while an operator has closed it) or whose
-/// lock is not available (55P03). The client may retry them: 503.
+/// lock is not available (55P03), and a write that met a standby (25006, the moment a
+/// primary is demoted before the core follows the new one). The client may retry them: 503.
 fn transient_sqlstate(code: &str) -> bool {
     matches!(
         code,
-        "40001" | "40P01" | "53300" | "55000" | "55P03" | "57P01" | "57P02" | "57P03"
+        "25006" | "40001" | "40P01" | "53300" | "55000" | "55P03" | "57P01" | "57P02" | "57P03"
     ) || code.starts_with("08")
 }
 

@@ -25,6 +25,8 @@ pub struct Application {
     flash_jobs: Option<FlashJobs>,
     tokens: TokenRefresh,
     store: Store,
+    /// How often the store checks that it is on the primary (several hosts in the URL).
+    primary_check_interval: std::time::Duration,
     draining: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -39,6 +41,11 @@ impl Application {
     /// Connects, migrates (when configured), binds both listeners. Ports may be 0.
     pub async fn build(settings: &Settings) -> anyhow::Result<Self> {
         let store = Store::connect_lazy(&settings.database).context("database settings")?;
+        // A URL of a primary and its standbys: find the primary before the first statement
+        // (the migrations). None found: the core starts anyway and answers 503 until one is.
+        store
+            .locate_primary(settings.database.acquire_timeout)
+            .await;
         if settings.database.migrate {
             store.migrate().await.context("applying migrations")?;
         }
@@ -116,6 +123,7 @@ impl Application {
             flash_jobs,
             tokens,
             store,
+            primary_check_interval: settings.database.primary_check_interval,
             draining,
         })
     }
@@ -149,6 +157,10 @@ impl Application {
         if let Some(job) = self.expiry {
             background.spawn(job.run(shutdown.child_token()));
         }
+        let store = self.store.clone();
+        let primary = shutdown.child_token();
+        let interval = self.primary_check_interval;
+        background.spawn(async move { store.follow_primary(interval, primary).await });
         let tokens = self.tokens;
         background.spawn(tokens.credentials.keep_fresh(
             tokens.store,

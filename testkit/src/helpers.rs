@@ -59,6 +59,12 @@ impl TestDb {
         }
     }
 
+    /// The database now lives on `server` (a standby promoted in the old one's place).
+    pub fn moved_to(&mut self, server: &str) {
+        self.url = database_url(server, &self.name);
+        self.server = server.to_owned();
+    }
+
     /// Drops the database; called at the end of passing tests (a failing one leaves its
     /// database behind to look at).
     pub async fn drop_db(&self) {

@@ -1,12 +1,14 @@
 //! A PostgreSQL server of the test's own: a cluster made with `initdb` in a temporary
 //! directory and run on a free port, for the faults the machine's shared server must not
-//! suffer (a crash and restart of the whole server).
+//! suffer (a crash and restart of the whole server); and a primary with a streaming
+//! standby made from it by `pg_basebackup`, for the loss of the primary and the standby's
+//! promotion.
 //!
 //! PostgreSQL refuses to run as root, so when the tests run as root the cluster belongs to
 //! the `postgres` user and its programs are started through `setpriv`, which execs them
 //! (no fork in between): the process the test owns is the postmaster itself.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -65,17 +67,109 @@ impl PostgresServer {
         Ok(server)
     }
 
+    /// A primary whose standbys stream its write-ahead log. With
+    /// [`Replication::Synchronous`] (`synchronous_standby_names = '*'`, `synchronous_commit
+    /// = on`) a commit returns only once a standby has flushed it, so until one is attached
+    /// ([`Self::start_standby`]) every commit waits.
+    pub async fn start_primary(replication: Replication) -> anyhow::Result<Self> {
+        let mut server = Self::init().await?;
+        let standbys = match replication {
+            Replication::Synchronous => "*",
+            Replication::Asynchronous => "",
+        };
+        std::fs::write(
+            server.dir.0.join("data").join("postgresql.auto.conf"),
+            format!(
+                "wal_level = replica\nmax_wal_senders = 10\nwal_keep_size = '256MB'\n\
+                 synchronous_standby_names = '{standbys}'\nsynchronous_commit = on\n"
+            ),
+        )?;
+        server.restart().await?;
+        Ok(server)
+    }
+
+    /// A hot standby of `primary`: a base backup of it (`pg_basebackup -R`, which writes
+    /// `standby.signal` and the `primary_conninfo`), started on a port of its own, and
+    /// returned once `primary` reports it streaming. Its copy of the primary's settings
+    /// takes effect when it is promoted: a promoted synchronous standby waits for a standby
+    /// of its own in turn.
+    pub async fn start_standby(primary: &PostgresServer) -> anyhow::Result<Self> {
+        Self::start_standby_on(primary, free_port()).await
+    }
+
+    /// [`Self::start_standby`] on `port` (a lost server's, so that URLs naming it hold).
+    pub async fn start_standby_on(primary: &PostgresServer, port: u16) -> anyhow::Result<Self> {
+        let bin = bin_dir()?;
+        let dir = Self::owned_dir()?;
+        let output = as_postgres(bin.join("pg_basebackup"))
+            .args(["-h", "127.0.0.1", "-p", &primary.port.to_string()])
+            .args(["-U", "postgres", "-X", "stream", "-R", "--no-sync"])
+            .args(["--checkpoint=fast"])
+            .arg("-D")
+            .arg(dir.0.join("data"))
+            .output()?;
+        anyhow::ensure!(
+            output.status.success(),
+            "pg_basebackup failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let mut standby = Self {
+            process: Process::default(),
+            port,
+            dir,
+            bin,
+            tls_query: None,
+        };
+        standby.restart().await?;
+        let mut conn = PgConnection::connect(&database_url(&primary.url(), "postgres")).await?;
+        for _ in 0..300 {
+            let streaming: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'",
+            )
+            .fetch_one(&mut conn)
+            .await?;
+            if streaming > 0 {
+                return Ok(standby);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        anyhow::bail!("the standby on {} did not stream within 30 s", standby.port)
+    }
+
+    /// Promotes a standby with the operator's script (`scripts/pg-promote.sh`, which
+    /// refuses while `old_primary` still answers as a primary): from then on it is a
+    /// primary and takes writes.
+    pub async fn promote(&self, old_primary: u16) -> anyhow::Result<()> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/pg-promote.sh");
+        let standby = format!("127.0.0.1:{}", self.port);
+        let output = tokio::task::spawn_blocking(move || {
+            Command::new(script)
+                .args(["--standby", &standby])
+                .args(["--old-primary", &format!("127.0.0.1:{old_primary}")])
+                .output()
+        })
+        .await??;
+        anyhow::ensure!(
+            output.status.success(),
+            "pg-promote.sh failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(())
+    }
+
+    /// The machine lost: the whole server frozen at one instant, then killed (SIGKILL to
+    /// every process of it). Nothing it had not sent by the instant of the freeze, to a
+    /// client or to a standby, ever leaves it.
+    pub fn lose(&mut self) {
+        self.process.pause_with_children();
+        self.process.kill_with_children();
+    }
+
     async fn init() -> anyhow::Result<Self> {
         let bin = bin_dir()?;
-        let dir = TempDir::new("postgres");
+        let dir = Self::owned_dir()?;
         let data = dir.0.join("data");
-        if running_as_root() {
-            let status = Command::new("chown")
-                .args(["-R", "postgres:postgres"])
-                .arg(&dir.0)
-                .status()?;
-            anyhow::ensure!(status.success(), "chown of {} failed", dir.0.display());
-        }
         let output = as_postgres(bin.join("initdb"))
             .args([
                 "--auth=trust",
@@ -98,6 +192,19 @@ impl PostgresServer {
             bin,
             tls_query: None,
         })
+    }
+
+    /// A temporary directory the server's user owns.
+    fn owned_dir() -> anyhow::Result<TempDir> {
+        let dir = TempDir::new("postgres");
+        if running_as_root() {
+            let status = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&dir.0)
+                .status()?;
+            anyhow::ensure!(status.success(), "chown of {} failed", dir.0.display());
+        }
+        Ok(dir)
     }
 
     /// `postgres://postgres@127.0.0.1:PORT`, without a database name (with TLS, followed
@@ -167,6 +274,27 @@ impl PostgresServer {
     pub fn unpause(&self) {
         self.process.unpause_with_children();
     }
+}
+
+/// Whether a primary's commits wait for a standby.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replication {
+    /// A commit returns once a standby has flushed it: a promoted standby has every
+    /// acknowledged commit.
+    Synchronous,
+    /// A commit returns at once; a standby may be behind by what was in flight.
+    Asynchronous,
+}
+
+/// The URL of database `name` on whichever of the servers on `ports` is the primary, in
+/// libpq's multi-host form (`postgres://postgres@127.0.0.1:P1,127.0.0.1:P2/name?
+/// target_session_attrs=read-write`), as the cores are given it.
+pub fn multi_host_url(ports: &[u16], name: &str) -> String {
+    let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    format!(
+        "postgres://postgres@{}/{name}?target_session_attrs=read-write",
+        hosts.join(",")
+    )
 }
 
 impl Drop for PostgresServer {

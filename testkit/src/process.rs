@@ -75,6 +75,17 @@ impl Process {
         }
     }
 
+    /// Kills every child the process has forked, then the process (SIGKILL), and reaps it:
+    /// a whole server lost at once, with no chance to clean up.
+    pub fn kill_with_children(&mut self) {
+        if let Some(child) = &self.child {
+            let _ = std::process::Command::new("pkill")
+                .args(["-KILL", "-P", &child.id().to_string()])
+                .status();
+        }
+        self.kill();
+    }
+
     /// Lets a process frozen with [`Process::pause_with_children`] go on, children first.
     pub fn unpause_with_children(&self) {
         if let Some(child) = &self.child {

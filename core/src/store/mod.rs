@@ -10,7 +10,9 @@
 //! - `gate_state`: what a flash gate is loaded from and reconciled against;
 //! - `tokens`: the named API tokens, by digest;
 //! - `ledger`: a voucher's reservations for finance: pages by status, one order, the
-//!   export's stream.
+//!   export's stream;
+//! - `primary`: which server the pool connects to, when the URL names a primary and its
+//!   standbys.
 //!
 //! Lock order, to keep transactions free of deadlocks: a redemption row, then the
 //! `customer_usage` rows (sorted), then the `vouchers` rows (sorted). Every transaction
@@ -22,19 +24,24 @@ mod gate_state;
 mod ledger;
 mod lifecycle;
 mod partitions;
+mod primary;
 mod reservations;
 mod tokens;
 mod vouchers;
 
+use std::sync::Arc;
+
 use secrecy::ExposeSecret;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
 
 pub use batch::{BatchResult, DecidedWriter, Recording, Written};
 pub use gate_state::{GateRead, ReconcileView};
 pub use ledger::LedgerRow;
 pub use lifecycle::{Actor, AuditEvent, StateChange, VoucherFilter};
 pub use partitions::{OwnedPartition, PartitionKey};
+pub use primary::Servers;
 pub use reservations::ReserveOutcome;
 pub use tokens::TokenRow;
 
@@ -47,27 +54,59 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 #[derive(Debug, Clone)]
 pub struct Store {
     pool: PgPool,
+    /// The servers of the URL; several when it names a primary and its standbys.
+    servers: Option<Arc<Servers>>,
 }
 
 impl Store {
     pub fn new(pool: PgPool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            servers: None,
+        }
     }
 
     /// Connects lazily: the service starts (and answers 503) even while PostgreSQL is down.
+    /// A URL with several hosts is followed to its primary ([`Self::follow_primary`]).
     pub fn connect_lazy(settings: &DatabaseSettings) -> anyhow::Result<Self> {
         let idle = settings
             .idle_in_transaction_timeout
             .as_millis()
             .max(1)
             .to_string();
-        let options: PgConnectOptions = settings.url.expose_secret().parse()?;
-        let options = options.options([("idle_in_transaction_session_timeout", idle.as_str())]);
+        let servers = Servers::parse(settings.url.expose_secret())?
+            .map(|o| o.options([("idle_in_transaction_session_timeout", idle.as_str())]));
+        let servers = Arc::new(servers);
+        let checked = servers.clone();
         let pool = PgPoolOptions::new()
             .max_connections(settings.max_connections)
             .acquire_timeout(settings.acquire_timeout)
-            .connect_lazy_with(options);
-        Ok(Self::new(pool))
+            .after_connect(move |conn, _| {
+                let servers = checked.clone();
+                Box::pin(async move { servers.is_writable(conn).await })
+            })
+            .connect_lazy_with(servers.current());
+        Ok(Self {
+            pool,
+            servers: Some(servers),
+        })
+    }
+
+    /// With several servers: points the pool at the primary now (before migrations at
+    /// start-up, say). Returns whether one was found; with one server, true.
+    pub async fn locate_primary(&self, timeout: std::time::Duration) -> bool {
+        match &self.servers {
+            Some(servers) if servers.several() => servers.locate(&self.pool, timeout).await,
+            _ => true,
+        }
+    }
+
+    /// With several servers, follows the primary every `interval` until `shutdown`
+    /// (`primary`); with one, returns at once.
+    pub async fn follow_primary(&self, interval: std::time::Duration, shutdown: CancellationToken) {
+        if let Some(servers) = &self.servers {
+            servers.follow(self.pool.clone(), interval, shutdown).await;
+        }
     }
 
     pub fn pool(&self) -> &PgPool {

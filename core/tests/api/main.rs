@@ -2,6 +2,7 @@
 //! its own database and starts the real application on port 0.
 
 mod admission;
+mod checkouts;
 mod clock;
 mod cluster;
 mod concurrency;
@@ -9,6 +10,7 @@ mod constraints;
 mod consumer;
 mod contract_file;
 mod expiry;
+mod failover;
 mod flash;
 mod flash_lifecycle;
 mod gate_load;

@@ -14,7 +14,7 @@ use sqlx::{Connection, PgConnection};
 use voucher_testkit::stack::CLOCK_STEPPED_BACK;
 
 use crate::rng::Rng;
-use crate::stack::{CampaignStack, RECONCILE_GRACE, RECONCILE_INTERVAL};
+use crate::stack::{CampaignStack, Layout, RECONCILE_GRACE, RECONCILE_INTERVAL};
 use crate::twin::{self, TwinOrder};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -84,10 +84,22 @@ pub enum Fault {
     /// new use may be taken: every 201 to a request sent in that window is a replay, and
     /// PostgreSQL holds the same rows of the voucher at both ends of it.
     OperatorPause,
+    /// The PostgreSQL primary's machine lost mid-sale (every process of it frozen at one
+    /// instant, then killed) and its standby promoted by `scripts/pg-promote.sh`; the cores
+    /// follow it. Healed by a new standby of the promoted server (until then a synchronous
+    /// primary commits nothing). Every 201 given before the loss must have its row on the
+    /// promoted server: with a synchronous standby that is a guarantee, with an
+    /// asynchronous one it is what the campaign measures.
+    PrimaryLost,
+    /// The Redis Cluster master of the round voucher's slot killed (SIGKILL) mid-sale: its
+    /// replica is promoted after `cluster-node-timeout`, perhaps behind it (the gate back
+    /// in time). Healed by starting the node again, which rejoins as a replica. Scaled
+    /// layout only.
+    RedisMasterKilled,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 22] = [
+    pub const ALL: [Fault; 24] = [
         Fault::None,
         Fault::KillCore,
         Fault::KillBothCores,
@@ -110,6 +122,8 @@ impl Fault {
         Fault::DatabaseConnectionsTaken,
         Fault::TwinOrders,
         Fault::OperatorPause,
+        Fault::PrimaryLost,
+        Fault::RedisMasterKilled,
     ];
 
     pub fn name(self) -> &'static str {
@@ -136,6 +150,26 @@ impl Fault {
             Fault::DatabaseConnectionsTaken => "database-connections-taken",
             Fault::TwinOrders => "twin-orders",
             Fault::OperatorPause => "operator-pause",
+            Fault::PrimaryLost => "primary-lost",
+            Fault::RedisMasterKilled => "redis-master-killed",
+        }
+    }
+
+    /// Whether the fault can strike a stack of `layout`: the faults of the one Redis server
+    /// (flushed, restarted, stalled, from a snapshot) need it, and a cluster master's death
+    /// needs the cluster.
+    pub fn fits(self, layout: Layout) -> bool {
+        let single_redis = matches!(
+            self,
+            Fault::RedisFlushAll
+                | Fault::RedisRestartEmpty
+                | Fault::RedisOldSnapshot
+                | Fault::RedisBackPastSettles
+                | Fault::RedisStall
+        );
+        match layout {
+            Layout::Single => self != Fault::RedisMasterKilled,
+            Layout::Scaled => !single_redis,
         }
     }
 
@@ -171,6 +205,8 @@ pub struct Struck {
     /// `operator-pause`: when the pause was answered and the voucher's rows then; when the
     /// resume was sent and the rows just before.
     paused: Option<PauseWindow>,
+    /// `redis-master-killed`: the port of the node killed.
+    node: Option<u16>,
 }
 
 /// The window of an operator's pause, from its answer to the resume's request.
@@ -198,34 +234,35 @@ impl Fault {
         let mut twins = None;
         let mut effect = String::new();
         let mut paused = None;
+        let mut node = None;
         match self {
             Fault::None => {}
             Fault::KillCore => stack.cores[core].kill(),
             Fault::KillBothCores => stack.cores.iter_mut().for_each(|c| c.kill()),
-            Fault::KillEdge => stack.edge.kill(),
+            Fault::KillEdge => stack.edges[0].kill(),
             Fault::PauseCore => stack.cores[core].pause(),
             Fault::PauseBroker => stack.broker.pause(),
             Fault::KillBroker => stack.broker.kill(),
             Fault::RedisFlushAll => {
-                let mut conn = redis::Client::open(stack.redis.url())?
+                let mut conn = redis::Client::open(stack.redis()?.url())?
                     .get_multiplexed_async_connection()
                     .await?;
                 redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
             }
             Fault::RedisRestartEmpty => {
-                stack.redis.forget_snapshot();
-                stack.redis.kill();
+                stack.redis()?.forget_snapshot();
+                stack.redis()?.kill();
             }
-            Fault::RedisOldSnapshot => stack.redis.snapshot().await?,
+            Fault::RedisOldSnapshot => stack.redis()?.snapshot().await?,
             Fault::DatabaseOutage => database_connections(stack, false).await?,
             Fault::DatabaseRestart => stack.postgres.crash(),
             Fault::DuplicateEvents => {
                 effect = replay_events(stack, &round_start).await?.to_string();
             }
             Fault::ClockBehind => stack.cores[core].restart_with(&CLOCK_STEPPED_BACK).await,
-            Fault::RedisBackPastSettles => stack.redis.snapshot().await?,
+            Fault::RedisBackPastSettles => stack.redis()?.snapshot().await?,
             Fault::PauseCoreLong => stack.cores[core].pause(),
-            Fault::RedisStall => stack.redis.pause(),
+            Fault::RedisStall => stack.redis()?.pause(),
             Fault::DatabaseStall => stack.postgres.pause(),
             Fault::DatabaseLockHeld => sessions.push(lock_voucher_row(stack, code).await?),
             Fault::DatabaseConnectionsTaken => {
@@ -237,6 +274,25 @@ impl Fault {
                 );
             }
             Fault::TwinOrders => twins = Some(twin::race(stack, code, give_up).await?),
+            Fault::PrimaryLost => {
+                let lost = Instant::now();
+                let old = stack.postgres.port;
+                stack.postgres.lose();
+                stack.standby.promote(old).await?;
+                effect = format!(
+                    "primary lost, standby promoted {} ms later",
+                    lost.elapsed().as_millis()
+                );
+            }
+            Fault::RedisMasterKilled => {
+                let cluster = stack.cluster()?;
+                let master = cluster
+                    .master_of(cluster.slot(&format!("{{{code}}}")).await)
+                    .await;
+                cluster.kill(master.port);
+                node = Some(master.port);
+                effect = format!("master on {} killed", master.port);
+            }
             Fault::OperatorPause => {
                 lifecycle(stack, code, "pause").await?;
                 paused = Some(PauseWindow {
@@ -256,6 +312,7 @@ impl Fault {
             twins,
             effect,
             paused,
+            node,
         })
     }
 }
@@ -276,22 +333,28 @@ impl Struck {
                     core.restart().await;
                 }
             }
-            Fault::KillEdge => stack.edge.restart().await,
+            Fault::KillEdge => stack.edges[0].restart().await,
             Fault::PauseCore => stack.cores[self.core].unpause(),
             Fault::PauseBroker => stack.broker.unpause(),
             Fault::KillBroker => stack.broker.resume().await,
             Fault::RedisFlushAll => {}
-            Fault::RedisRestartEmpty => stack.redis.restart().await,
+            Fault::RedisRestartEmpty => stack.redis()?.restart().await,
             Fault::RedisOldSnapshot => {
-                stack.redis.kill();
-                stack.redis.restart().await;
-                stack.redis.forget_snapshot();
+                stack.redis()?.kill();
+                stack.redis()?.restart().await;
+                stack.redis()?.forget_snapshot();
             }
             Fault::DatabaseOutage => database_connections(stack, true).await?,
             Fault::DatabaseRestart => stack.postgres.restart().await?,
             Fault::PauseCoreLong => stack.cores[self.core].unpause(),
-            Fault::RedisStall => stack.redis.unpause(),
+            Fault::RedisStall => stack.redis()?.unpause(),
             Fault::DatabaseStall => stack.postgres.unpause(),
+            Fault::PrimaryLost => stack.replace_lost_primary().await?,
+            Fault::RedisMasterKilled => {
+                if let Some(port) = self.node {
+                    stack.cluster()?.restart(port).await;
+                }
+            }
             Fault::DuplicateEvents
             | Fault::ClockBehind
             | Fault::RedisBackPastSettles
@@ -390,9 +453,9 @@ impl Struck {
             }
             Fault::ClockBehind => stack.cores[self.core].restart().await,
             Fault::RedisBackPastSettles => {
-                stack.redis.kill();
-                stack.redis.restart().await;
-                stack.redis.forget_snapshot();
+                stack.redis()?.kill();
+                stack.redis()?.restart().await;
+                stack.redis()?.forget_snapshot();
             }
             _ => {}
         }

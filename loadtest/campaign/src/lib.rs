@@ -20,8 +20,19 @@ use std::path::Path;
 use fault::Fault;
 use rng::Rng;
 use round::{RoundOutcome, RoundPlan, RoundSize};
-use stack::{Binaries, CampaignStack};
+use stack::{Binaries, CampaignStack, Layout};
 use voucher_core::config::Decision;
+use voucher_testkit::postgres::Replication;
+
+/// What a campaign's stack is: its layout, who has the last word before a 201, and whether
+/// the PostgreSQL primary waits for its standby.
+#[derive(Debug, Clone, Copy)]
+pub struct Setup {
+    pub layout: Layout,
+    /// The cores' `flash.decision`.
+    pub decision: Decision,
+    pub replication: Replication,
+}
 
 /// A campaign: `rounds` rounds of `size`, each with a fault drawn from `faults` by `seed`.
 #[derive(Debug, Clone)]
@@ -30,8 +41,7 @@ pub struct Campaign {
     pub rounds: usize,
     pub faults: Vec<Fault>,
     pub size: RoundSize,
-    /// Who has the last word before a 201 (the cores' `flash.decision`).
-    pub decision: Decision,
+    pub setup: Setup,
 }
 
 impl Campaign {
@@ -55,7 +65,14 @@ impl Campaign {
         progress: impl FnMut(&RoundOutcome),
     ) -> anyhow::Result<Vec<RoundOutcome>> {
         anyhow::ensure!(!self.faults.is_empty(), "no faults to choose from");
-        run_plans(binaries, self.decision, self.plans(), logs, progress).await
+        if let Some(misfit) = self.faults.iter().find(|f| !f.fits(self.setup.layout)) {
+            anyhow::bail!(
+                "{} cannot strike the {} layout",
+                misfit.name(),
+                self.setup.layout.name()
+            );
+        }
+        run_plans(binaries, self.setup, self.plans(), logs, progress).await
     }
 }
 
@@ -63,12 +80,12 @@ impl Campaign {
 /// copied into `logs`, when given.
 pub async fn run_plans(
     binaries: &Binaries,
-    decision: Decision,
+    setup: Setup,
     plans: Vec<RoundPlan>,
     logs: Option<&Path>,
     mut progress: impl FnMut(&RoundOutcome),
 ) -> anyhow::Result<Vec<RoundOutcome>> {
-    let mut stack = CampaignStack::start(binaries, 2, decision).await?;
+    let mut stack = CampaignStack::start(binaries, setup).await?;
     let mut outcomes = Vec::with_capacity(plans.len());
     for plan in plans {
         // A round that cannot even run (the stack did not come back) fails, and the
@@ -110,14 +127,18 @@ mod tests {
     fn seed_1_replays_the_committed_campaign() {
         let before_pause: Vec<Fault> = Fault::ALL
             .into_iter()
-            .filter(|f| *f != Fault::OperatorPause)
+            .take_while(|f| *f != Fault::OperatorPause)
             .collect();
         let campaign = Campaign {
             seed: 1,
             rounds: 10,
             faults: before_pause,
             size: RoundSize::FULL,
-            decision: Decision::Database,
+            setup: Setup {
+                layout: Layout::Single,
+                decision: Decision::Database,
+                replication: Replication::Synchronous,
+            },
         };
         let rows: Vec<(&str, u128, u128)> = campaign
             .plans()

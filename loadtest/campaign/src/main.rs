@@ -10,9 +10,10 @@ use clap::Parser;
 use voucher_campaign::fault::Fault;
 use voucher_campaign::report;
 use voucher_campaign::round::RoundSize;
-use voucher_campaign::stack::{Binaries, RECONCILE_GRACE, RECONCILE_INTERVAL};
-use voucher_campaign::Campaign;
+use voucher_campaign::stack::{Binaries, Layout, RECONCILE_GRACE, RECONCILE_INTERVAL};
+use voucher_campaign::{Campaign, Setup};
 use voucher_core::config::Decision;
+use voucher_testkit::postgres::Replication;
 
 /// Runs the seeded fault campaign and writes its report. Exits 1 when a round failed.
 // The paths are strings, as they were before clap: clap refuses an empty `PathBuf`.
@@ -34,6 +35,14 @@ struct Args {
     /// `flash.decision`).
     #[arg(long, env = "DECISION", default_value = "database", value_parser = parse_decision)]
     decision: Decision,
+    /// Whether the PostgreSQL primary's commits wait for its standby: `sync` (what
+    /// production runs) or `async` (to measure what a failover would lose without it).
+    #[arg(long, env = "REPLICATION", default_value = "sync", value_parser = parse_replication)]
+    replication: Replication,
+    /// The stack's layout: `single` (`scripts/up.sh`'s) or `scaled` (`scripts/up-scaled.sh`'s:
+    /// a Redis Cluster, three cores, two edges, six partitions).
+    #[arg(long, env = "LAYOUT", default_value = "single", value_parser = parse_layout)]
+    layout: Layout,
     /// Where voucher-core and voucher-edge are.
     #[arg(long, env = "BIN_DIR", default_value = "target/release")]
     bin_dir: String,
@@ -47,6 +56,22 @@ struct Args {
 
 fn parse_fault(name: &str) -> Result<Fault, String> {
     Fault::parse(name).ok_or_else(|| format!("unknown fault {name:?}"))
+}
+
+fn parse_layout(name: &str) -> Result<Layout, String> {
+    match name {
+        "single" => Ok(Layout::Single),
+        "scaled" => Ok(Layout::Scaled),
+        other => Err(format!("LAYOUT must be single or scaled, not {other:?}")),
+    }
+}
+
+fn parse_replication(name: &str) -> Result<Replication, String> {
+    match name {
+        "sync" => Ok(Replication::Synchronous),
+        "async" => Ok(Replication::Asynchronous),
+        other => Err(format!("REPLICATION must be sync or async, not {other:?}")),
+    }
 }
 
 fn parse_decision(name: &str) -> Result<Decision, String> {
@@ -63,8 +88,15 @@ fn parse_decision(name: &str) -> Result<Decision, String> {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let (seed, rounds, decision) = (args.seed, args.rounds, args.decision);
+    let layout = args.layout;
+    let faults_given: String = args
+        .faults
+        .iter()
+        .map(|f| f.name())
+        .collect::<Vec<_>>()
+        .join(",");
     let faults = if args.faults.is_empty() {
-        Fault::ALL.to_vec()
+        Fault::ALL.into_iter().filter(|f| f.fits(layout)).collect()
     } else {
         args.faults
     };
@@ -81,7 +113,11 @@ async fn main() -> anyhow::Result<()> {
         rounds,
         faults,
         size,
-        decision,
+        setup: Setup {
+            layout,
+            decision,
+            replication: args.replication,
+        },
     };
 
     let started = Instant::now();
@@ -106,8 +142,25 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     let header = vec![
         format!(
-            "command: `SEED={seed} ROUNDS={rounds} DECISION={} ./loadtest/campaign.sh`",
-            decision.as_str()
+            "command: `SEED={seed} ROUNDS={rounds} DECISION={} REPLICATION={} LAYOUT={}{} ./loadtest/campaign.sh`",
+            decision.as_str(),
+            match args.replication {
+                Replication::Synchronous => "sync",
+                Replication::Asynchronous => "async",
+            },
+            layout.name(),
+            if faults_given.is_empty() {
+                String::new()
+            } else {
+                format!(" FAULTS={faults_given}")
+            }
+        ),
+        format!(
+            "PostgreSQL: a primary with a {} standby; the cores follow the primary through a URL naming both",
+            match args.replication {
+                Replication::Synchronous => "synchronous (`synchronous_standby_names = '*'`, `synchronous_commit = on`)",
+                Replication::Asynchronous => "asynchronous",
+            }
         ),
         format!(
             "the last word before a 201: {} (`flash.decision`)",
@@ -117,8 +170,12 @@ async fn main() -> anyhow::Result<()> {
             }
         ),
         format!(
-            "took {:.0} s on this machine: 2 cores; tansu, two cores, the edge, PostgreSQL and Redis of the campaign's own, and the customers, all on it",
-            started.elapsed().as_secs_f64()
+            "took {:.0} s on this machine: 2 cores; tansu, {}, PostgreSQL (primary and standby) of the campaign's own, and the customers, all on it",
+            started.elapsed().as_secs_f64(),
+            match layout {
+                Layout::Single => "two cores, the edge, one Redis, three event partitions",
+                Layout::Scaled => "three cores, two edges (customers spread over both), a Redis Cluster of three masters with a replica each, six event partitions",
+            }
         ),
         format!(
             "each round: a flash voucher of {} uses (1 per customer), {} customers arriving over {} ms through the edge, retrying their own orderId on 503 and lost connections; 40% confirm or release; one in ten tries a second order",

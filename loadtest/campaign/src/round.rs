@@ -157,7 +157,7 @@ pub async fn run(stack: &mut CampaignStack, plan: RoundPlan) -> anyhow::Result<R
     let started = Instant::now();
     let give_up = started + plan.size.sale + plan.fault_at + plan.fault_for + ROW_BOUND;
     let customers = tokio::spawn(customers(
-        stack.public(),
+        stack.publics(),
         code.clone(),
         plan.size,
         rng.fork(),
@@ -254,18 +254,19 @@ pub async fn run(stack: &mut CampaignStack, plan: RoundPlan) -> anyhow::Result<R
 /// may release (15%) or confirm (25%); one in ten tries a second order as well, which the
 /// per-customer limit of 1 must refuse while the first holds.
 async fn customers(
-    api: ApiClient,
+    apis: Vec<ApiClient>,
     code: String,
     size: RoundSize,
     mut rng: Rng,
     started: Instant,
     give_up: Instant,
 ) -> anyhow::Result<Vec<Checkout>> {
-    let api = std::sync::Arc::new(api);
+    // Customer i goes through edge i mod n, as a load balancer in front of the edges spreads them.
+    let apis: Vec<std::sync::Arc<ApiClient>> = apis.into_iter().map(std::sync::Arc::new).collect();
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..size.customers {
         let arrive = started + size.sale.mul_f64(i as f64 / size.customers as f64);
-        let (api, code) = (api.clone(), code.clone());
+        let (api, code) = (apis[i % apis.len()].clone(), code.clone());
         let mut rng = rng.fork();
         tasks.spawn(async move {
             tokio::time::sleep_until(arrive.into()).await;

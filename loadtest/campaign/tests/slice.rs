@@ -7,9 +7,10 @@ use std::path::PathBuf;
 use voucher_campaign::fault::Fault;
 use voucher_campaign::rng::Rng;
 use voucher_campaign::round::{RoundPlan, RoundSize};
-use voucher_campaign::run_plans;
-use voucher_campaign::stack::Binaries;
+use voucher_campaign::stack::{Binaries, Layout};
+use voucher_campaign::{run_plans, Setup};
 use voucher_core::config::Decision;
+use voucher_testkit::postgres::Replication;
 
 /// The debug binaries beside this test's own executable (`cargo test --workspace` builds them).
 fn binaries() -> Binaries {
@@ -31,7 +32,12 @@ async fn slice(seed: u64, decision: Decision, faults: &[Fault]) -> Vec<String> {
         .collect();
     // Where the campaign's `CAMPAIGN_LOGS` puts the cores' logs of a failed round.
     let logs = std::env::var_os("CAMPAIGN_LOGS").map(PathBuf::from);
-    let outcomes = run_plans(&binaries(), decision, plans, logs.as_deref(), |o| {
+    let setup = Setup {
+        layout: Layout::Single,
+        decision,
+        replication: Replication::Synchronous,
+    };
+    let outcomes = run_plans(&binaries(), setup, plans, logs.as_deref(), |o| {
         eprintln!(
             "{} {:?} {:?} {}",
             o.plan.fault.name(),
@@ -70,8 +76,9 @@ async fn a_seeded_slice_of_the_campaign_passes() {
 /// earlier only lets more requests through to the database, which refuses what it cannot
 /// hold: no 201 beyond the limit. The broker's faults no longer touch the answers at all,
 /// and a core whose clock steps a minute back decides nothing by it. A PostgreSQL server
-/// that crashes and restarts mid-sale keeps every row it acknowledged. An operator's
-/// pause mid-sale takes no new use until the resume.
+/// that crashes and restarts mid-sale keeps every row it acknowledged, and so does one lost
+/// mid-sale whose synchronous standby is promoted. An operator's pause mid-sale takes no new
+/// use until the resume.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_postgresql_deciding_a_gate_back_in_time_oversells_nothing() {
     let failed = slice(
@@ -85,6 +92,7 @@ async fn with_postgresql_deciding_a_gate_back_in_time_oversells_nothing() {
             Fault::ClockBehind,
             Fault::DatabaseRestart,
             Fault::OperatorPause,
+            Fault::PrimaryLost,
         ],
     )
     .await;

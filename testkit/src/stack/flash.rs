@@ -46,6 +46,24 @@ pub struct FlashStackBuilder {
     cores: usize,
     edge: Option<(std::path::PathBuf, Duration)>,
     edge_env: Vec<(&'static str, &'static str)>,
+    database: Option<(String, CoreUrl)>,
+}
+
+/// The URL the cores are given for the test's database, from its name.
+type CoreUrl = Box<dyn Fn(&str) -> String + Send>;
+
+impl FlashStackBuilder {
+    /// The test's database on `server` (`postgres://user@host:port`) instead of the shared
+    /// one, and the URL the cores reach it by, from its name: several servers' hosts, say,
+    /// when `server` is a primary with standbys.
+    pub fn database_on(
+        mut self,
+        server: String,
+        core_url: impl Fn(&str) -> String + Send + 'static,
+    ) -> Self {
+        self.database = Some((server, Box::new(core_url)));
+        self
+    }
 }
 
 impl FlashStackBuilder {
@@ -73,10 +91,21 @@ impl FlashStackBuilder {
 
     /// Starts the stack with the cores' settings changed by `tweak`.
     pub async fn start_with(self, tweak: impl FnOnce(&mut Settings)) -> FlashStack {
-        let db = TestDb::create().await;
+        let (db, core_url) = match self.database {
+            Some((server, core_url)) => {
+                let db = TestDb::create_on(&server).await;
+                let url = core_url(&db.name);
+                (db, url)
+            }
+            None => {
+                let db = TestDb::create().await;
+                let url = db.url.clone();
+                (db, url)
+            }
+        };
         let broker = Broker::start().await;
         let tag = uuid::Uuid::new_v4().simple().to_string();
-        let mut settings = flash_settings(&db.url, &broker, &tag);
+        let mut settings = flash_settings(&core_url, &broker, &tag);
         tweak(&mut settings);
         let mut cores = Vec::with_capacity(self.cores);
         for _ in 0..self.cores {
@@ -153,6 +182,7 @@ impl FlashStack {
             cores: 1,
             edge: None,
             edge_env: Vec::new(),
+            database: None,
         }
     }
 

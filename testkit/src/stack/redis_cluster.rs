@@ -118,17 +118,7 @@ impl RedisCluster {
         )
         .await;
         for i in 0..cluster.nodes.len() {
-            eventually(Duration::from_secs(30), "every replica to sync", || async {
-                let mut conn = cluster.connection(i).await?;
-                let info: String = redis::cmd("INFO")
-                    .arg("replication")
-                    .query_async(&mut conn)
-                    .await
-                    .ok()?;
-                (info.contains("role:master") || info.contains("master_link_status:up"))
-                    .then_some(())
-            })
-            .await;
+            cluster.until_synced(i).await;
         }
         cluster
     }
@@ -210,6 +200,32 @@ impl RedisCluster {
         if let Some(node) = self.nodes.iter_mut().find(|n| n.port == port) {
             node.process.kill();
         }
+    }
+
+    /// Starts the node on `port` again, on its own `nodes.conf`: a master that was failed
+    /// over comes back as a replica of the one promoted in its place. Returns once the
+    /// cluster is settled and the node's replication link is up.
+    pub async fn restart(&mut self, port: u16) {
+        let Some(i) = self.nodes.iter().position(|n| n.port == port) else {
+            return;
+        };
+        self.nodes[i].start();
+        self.until_settled().await;
+        self.until_synced(i).await;
+    }
+
+    /// Waits until node `i` is a master or a replica whose link to its master is up.
+    async fn until_synced(&self, i: usize) {
+        eventually(Duration::from_secs(30), "a replica to sync", || async {
+            let mut conn = self.connection(i).await?;
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut conn)
+                .await
+                .ok()?;
+            (info.contains("role:master") || info.contains("master_link_status:up")).then_some(())
+        })
+        .await;
     }
 
     /// Waits until every slot is served by a live master and every live node says the
