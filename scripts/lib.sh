@@ -129,17 +129,18 @@ ensure_tansu() {
   cargo install tansu --version "$TANSU_VERSION" --locked --features libsql
 }
 
-# start_broker PORT: tansu on 127.0.0.1:PORT, data kept in run/broker/ (survives restarts).
+# start_broker PORT [NAME]: tansu on 127.0.0.1:PORT, data kept in run/NAME/ (survives
+# restarts), pid and log as run/NAME.*; NAME defaults to broker.
 start_broker() {
-  local port=$1
+  local port=$1 name=${2:-broker}
   ensure_tansu
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
     log "a broker already listens on 127.0.0.1:$port"
     return 0
   fi
-  mkdir -p "$RUN_DIR/broker"
+  mkdir -p "$RUN_DIR/$name"
   log "starting tansu on 127.0.0.1:$port"
-  (cd "$RUN_DIR/broker" && start_bg broker tansu broker \
+  (cd "$RUN_DIR/$name" && start_bg "$name" tansu broker \
     --listener-url "tcp://127.0.0.1:$port" --advertised-listener-url "tcp://127.0.0.1:$port" \
     --storage-engine sqlite://broker.db)
   wait_for_port 127.0.0.1 "$port" 30

@@ -1,6 +1,6 @@
-//! A short seeded slice of the fault campaign, in the tests: one round of each of four
-//! faults (a core killed, the broker frozen, the broker killed, events duplicated), on
-//! debug binaries, checked exactly as the full campaign checks.
+//! A short seeded slice of the fault campaign, in the tests: one round of each of a few
+//! faults on each kind of stack, on debug binaries, checked exactly as the full campaign
+//! checks.
 
 use std::path::PathBuf;
 
@@ -22,8 +22,14 @@ fn binaries() -> Binaries {
     Binaries::in_dir(profile).expect("cargo test --workspace builds voucher-core and voucher-edge")
 }
 
-/// Runs one round of each of `faults` on one stack and returns what failed.
+/// Runs one round of each of `faults` on one stack of `up.sh`'s layout and returns what
+/// failed.
 async fn slice(seed: u64, decision: Decision, faults: &[Fault]) -> Vec<String> {
+    slice_of(seed, Layout::Single, decision, faults).await
+}
+
+/// [`slice`] on a stack of `layout`.
+async fn slice_of(seed: u64, layout: Layout, decision: Decision, faults: &[Fault]) -> Vec<String> {
     let mut rng = Rng::new(seed);
     let plans: Vec<RoundPlan> = faults
         .iter()
@@ -33,7 +39,7 @@ async fn slice(seed: u64, decision: Decision, faults: &[Fault]) -> Vec<String> {
     // Where the campaign's `CAMPAIGN_LOGS` puts the cores' logs of a failed round.
     let logs = std::env::var_os("CAMPAIGN_LOGS").map(PathBuf::from);
     let setup = Setup {
-        layout: Layout::Single,
+        layout,
         decision,
         replication: Replication::Synchronous,
     };
@@ -93,6 +99,25 @@ async fn with_postgresql_deciding_a_gate_back_in_time_oversells_nothing() {
             Fault::DatabaseRestart,
             Fault::OperatorPause,
             Fault::PrimaryLost,
+        ],
+    )
+    .await;
+    assert!(failed.is_empty(), "rounds failed: {failed:#?}");
+}
+
+/// The scaled layout (`scripts/up-scaled.sh`'s: a Redis Cluster, three cores, two edges, six
+/// partitions, PostgreSQL with a synchronous standby): the Redis master of the round's
+/// voucher killed, the PostgreSQL primary lost and its standby promoted, a core killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_scaled_layout_loses_nothing_to_a_master_a_primary_or_a_core() {
+    let failed = slice_of(
+        11,
+        Layout::Scaled,
+        Decision::Database,
+        &[
+            Fault::RedisMasterKilled,
+            Fault::PrimaryLost,
+            Fault::KillCore,
         ],
     )
     .await;

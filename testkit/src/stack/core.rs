@@ -183,6 +183,11 @@ fn core_env(settings: &Settings) -> Vec<(String, String)> {
     if let Some(redis) = &settings.redis {
         env.push(("REDIS__URL".into(), redis.url.expose_secret().to_owned()));
         env.push(("REDIS__KEY_PREFIX".into(), redis.key_prefix.clone()));
+        let topology = match redis.topology {
+            voucher_core::flash::gate::Topology::Single => "single",
+            voucher_core::flash::gate::Topology::Cluster => "cluster",
+        };
+        env.push(("REDIS__TOPOLOGY".into(), topology.into()));
         let files = [
             ("CA_FILE", &redis.tls.ca_file),
             ("CERT_FILE", &redis.tls.cert_file),
@@ -198,6 +203,7 @@ fn core_env(settings: &Settings) -> Vec<(String, String)> {
         env.push(("KAFKA__BROKERS".into(), kafka.brokers.clone()));
         env.push(("KAFKA__TOPIC".into(), kafka.topic.clone()));
         env.push(("KAFKA__GROUP".into(), kafka.group.clone()));
+        env.push(("KAFKA__PARTITIONS".into(), kafka.partitions.to_string()));
         if let Some(consume) = kafka.consume {
             env.push(("KAFKA__CONSUME".into(), consume.to_string()));
         }
