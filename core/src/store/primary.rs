@@ -198,7 +198,8 @@ mod tests {
 
     #[test]
     fn one_host_is_one_server() {
-        let servers = Servers::parse("postgres://postgres@127.0.0.1:5432/vouchers").unwrap();
+        let servers =
+            Servers::parse("postgres://postgres@127.0.0.1:5432/vouchers").expect("one host");
         assert!(!servers.several());
         assert_eq!(servers.current().get_port(), 5432);
         assert_eq!(servers.current().get_database(), Some("vouchers"));
@@ -209,7 +210,7 @@ mod tests {
         let servers = Servers::parse(
             "postgres://app:secret@db-a:5432,db-b:5433/vouchers?target_session_attrs=read-write&sslmode=require&application_name=core",
         )
-        .unwrap();
+        .expect("two hosts");
         assert!(servers.several());
         let ports: Vec<u16> = servers.options.iter().map(|o| o.get_port()).collect();
         assert_eq!(ports, [5432, 5433]);
@@ -231,7 +232,7 @@ mod tests {
     fn a_session_attribute_other_than_the_primary_is_refused() {
         for attrs in ["any", "read-only", "standby", "prefer-standby"] {
             let url = format!("postgres://u@a:1,b:2/db?target_session_attrs={attrs}");
-            let err = Servers::parse(&url).unwrap_err().to_string();
+            let err = Servers::parse(&url).expect_err("refused").to_string();
             assert!(err.contains("read-write"), "{attrs}: {err}");
         }
         assert!(Servers::parse("postgres://u@a:1,b:2/db?target_session_attrs=primary").is_ok());
