@@ -11,6 +11,8 @@
 //!                                    reject path, in one run (SALE.md)
 //!   voucher-bench reject [OUT]       only the edge's reject path against a bare server, a
 //!                                    minimal Pingora and nginx (REJECT.md)
+//!   voucher-bench many [OUT]        only ten flash vouchers selling out together through
+//!                                    every edge (MANY.md; `loadtest/bench-scaled.sh`)
 //!   voucher-bench overload [OUT]     only a core offered more than it takes, flash and
 //!                                    standard (OVERLOAD.md)
 //!   voucher-bench memory [OUT]       what the edge's and a core's memory is made of, part
@@ -36,6 +38,7 @@ mod ladder;
 mod latency;
 mod limits;
 mod load;
+mod many;
 mod memory;
 mod overload;
 mod peak_memory;
@@ -110,6 +113,11 @@ enum Command {
     /// Flash sales back to back through the edge, the resident memory of the edge and the
     /// cores followed (SOAK.md).
     Soak(SoakArgs),
+    /// Ten flash vouchers selling out together through every edge (MANY.md).
+    Many {
+        #[arg(default_value = "reports/scaled")]
+        out: PathBuf,
+    },
     /// Only a core offered more than it takes: flash and standard, open model up to 10
     /// times the sustained rate and 1,000 connections in closed loop (OVERLOAD.md).
     Overload {
@@ -156,6 +164,13 @@ pub struct StackArgs {
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379/")]
     pub redis_url: String,
     /// The prefix of the cores' gate keys in Redis.
+    /// `single`, or `cluster` when REDIS_URL lists a Redis Cluster's nodes.
+    #[arg(long, env = "REDIS_TOPOLOGY", default_value = "single")]
+    pub redis_topology: String,
+    /// Every edge, for the benchmarks that spread load over several (`many`); the first
+    /// is EDGE when unset.
+    #[arg(long, env = "EDGES", value_delimiter = ',')]
+    pub edges: Vec<String>,
     #[arg(long, env = "GATE_PREFIX", default_value = "vg:")]
     pub gate_prefix: String,
     /// The broker, for the invariant check's wait on the writers.
@@ -222,6 +237,22 @@ struct BenchArgs {
     )]
     overload_standard_rates: Rates,
     /// The rate of the sale of `memory` (through the edge).
+    /// `many`: the ladder of total rates, split evenly over the edges.
+    #[arg(
+        long,
+        env = "MANY_RATES",
+        default_value = "1000,2000,3000,4000,6000,8000,12000,16000,20000"
+    )]
+    many_rates: Rates,
+    /// `many`: how many flash vouchers sell out together.
+    #[arg(long, env = "MANY_VOUCHERS", default_value_t = 10)]
+    many_vouchers: usize,
+    /// `many`: the uses of each.
+    #[arg(long, env = "MANY_LIMIT", default_value_t = 100)]
+    many_limit: u64,
+    /// `many`: the events topic's partitions (the cores' `kafka.partitions`).
+    #[arg(long, env = "VOUCHER__KAFKA__PARTITIONS", default_value_t = 3)]
+    partitions: i32,
     #[arg(long, env = "MEMORY_SALE_RATE", default_value_t = 2000)]
     memory_sale_rate: u64,
     /// Calls of the gate's reserve script per state, by our client and by redis-benchmark.
@@ -342,6 +373,31 @@ async fn main() -> anyhow::Result<()> {
             run.reject_path(&cli.bench.reject_rates.0, step).await?;
             run.invariants().await?;
             report::write_sale(&run)
+        }
+        Some(Command::Many { out }) => {
+            let step = Duration::from_secs(cli.bench.step_secs);
+            let mut run = Run::connect(out, &cli.stack).await?;
+            let edges: Vec<SocketAddr> = if cli.stack.edges.is_empty() {
+                vec![run.edge]
+            } else {
+                cli.stack
+                    .edges
+                    .iter()
+                    .map(|e| e.parse())
+                    .collect::<Result<_, _>>()?
+            };
+            let b = &cli.bench;
+            run.many_vouchers(&many::ManyPlan {
+                edges: &edges,
+                rates: &b.many_rates.0,
+                step,
+                vouchers: b.many_vouchers,
+                limit: b.many_limit,
+                partitions: b.partitions,
+            })
+            .await?;
+            run.invariants().await?;
+            report::write_many(&run)
         }
         Some(Command::Reject { out }) => {
             let step = Duration::from_secs(cli.bench.step_secs);

@@ -16,6 +16,8 @@ pub struct Stack {
     pub db: sqlx::PgPool,
     /// The stack's Redis, and the prefix of the cores' gate keys in it.
     pub redis_url: String,
+    /// Whether `redis_url` is one server or a cluster's nodes.
+    pub redis_topology: voucher_core::flash::gate::Topology,
     pub gate_prefix: String,
     /// The writers' broker, topic and group (to wait for them; never consuming).
     pub kafka: voucher_core::config::KafkaSettings,
@@ -35,6 +37,10 @@ impl Stack {
             token: args.admin_token.clone(),
             db: sqlx::PgPool::connect(&args.database_url).await?,
             redis_url: args.redis_url.clone(),
+            redis_topology: match args.redis_topology.as_str() {
+                "cluster" => voucher_core::flash::gate::Topology::Cluster,
+                _ => voucher_core::flash::gate::Topology::Single,
+            },
             gate_prefix: args.gate_prefix.clone(),
             kafka: voucher_core::config::KafkaSettings {
                 brokers: args.kafka_brokers.clone(),
@@ -51,10 +57,48 @@ impl Stack {
     pub fn redis_settings(&self, prefix: &str) -> voucher_core::config::RedisSettings {
         voucher_core::config::RedisSettings {
             url: self.redis_url.clone().into(),
+            topology: self.redis_topology,
             key_prefix: prefix.to_owned(),
             timeout: Duration::from_secs(2),
             ..Default::default()
         }
+    }
+
+    /// The Redis Cluster's masters (ports, ascending) and, for each of `codes`, the master
+    /// of its hash tag's slot (`CLUSTER KEYSLOT`, `CLUSTER NODES`); empty on one server.
+    pub async fn gate_masters(&self, codes: &[String]) -> anyhow::Result<(Vec<u16>, Vec<u16>)> {
+        if self.redis_topology != voucher_core::flash::gate::Topology::Cluster {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let first = self.redis_url.split(',').next().unwrap_or_default();
+        let mut conn = redis::Client::open(first)?
+            .get_multiplexed_async_connection()
+            .await?;
+        let text: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query_async(&mut conn)
+            .await?;
+        let nodes: Vec<voucher_testkit::stack::ClusterNode> = text
+            .lines()
+            .filter_map(voucher_testkit::stack::ClusterNode::parse)
+            .filter(|n| n.master && !n.failed && !n.slots.is_empty())
+            .collect();
+        let mut masters: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+        masters.sort_unstable();
+        let mut of = Vec::with_capacity(codes.len());
+        for code in codes {
+            let slot: u16 = redis::cmd("CLUSTER")
+                .arg("KEYSLOT")
+                .arg(format!("{{{code}}}"))
+                .query_async(&mut conn)
+                .await?;
+            let master = nodes
+                .iter()
+                .find(|n| n.slots.iter().any(|&(a, b)| (a..=b).contains(&slot)))
+                .map_or(0, |n| n.port);
+            of.push(master);
+        }
+        Ok((masters, of))
     }
 
     pub async fn create_voucher(
@@ -324,5 +368,5 @@ pub fn machine() -> String {
         })
         .map(|kib| kib / 1024.0 / 1024.0)
         .unwrap_or(0.0);
-    format!("{cores} cores ({cpu}), {mem:.0} GiB; load generator, edge, two cores, PostgreSQL, Redis and tansu all on this one machine")
+    format!("{cores} cores ({cpu}), {mem:.0} GiB; the load generator and the whole stack all on this one machine")
 }

@@ -114,6 +114,17 @@ pub fn write_sale(run: &Run) -> anyhow::Result<()> {
     )
 }
 
+/// The MANY.md of `many`: ten flash vouchers selling out together through every edge.
+pub fn write_many(run: &Run) -> anyhow::Result<()> {
+    write_table(
+        run,
+        "MANY.md",
+        "Many hot vouchers at once, through every edge",
+        "./loadtest/bench-scaled.sh",
+        &run.report,
+    )
+}
+
 /// The MEMORY.md of `memory`: the edge's and a core's resident memory, part by part.
 pub fn write_memory(run: &Run) -> anyhow::Result<()> {
     write_table(

@@ -60,6 +60,37 @@ pub struct ClusterNode {
     pub slots: Vec<(u16, u16)>,
 }
 
+impl ClusterNode {
+    /// One line of `CLUSTER NODES`; `None` for a line it cannot read.
+    pub fn parse(line: &str) -> Option<ClusterNode> {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (id, address, flags) = (fields.first()?, fields.get(1)?, fields.get(2)?);
+        let port = address
+            .split('@')
+            .next()?
+            .rsplit(':')
+            .next()?
+            .parse()
+            .ok()?;
+        let slots = fields
+            .iter()
+            .skip(8)
+            .filter(|s| !s.starts_with('['))
+            .filter_map(|s| match s.split_once('-') {
+                Some((a, b)) => Some((a.parse().ok()?, b.parse().ok()?)),
+                None => s.parse().ok().map(|a| (a, a)),
+            })
+            .collect();
+        Some(ClusterNode {
+            id: (*id).to_owned(),
+            port,
+            master: flags.contains("master"),
+            failed: flags.contains("fail") && !flags.contains("fail?"),
+            slots,
+        })
+    }
+}
+
 pub struct RedisCluster {
     nodes: Vec<Node>,
 }
@@ -169,7 +200,7 @@ impl RedisCluster {
             .query_async(&mut conn)
             .await
             .expect("CLUSTER NODES");
-        text.lines().filter_map(parse_node).collect()
+        text.lines().filter_map(ClusterNode::parse).collect()
     }
 
     /// The slot of `key` (its hash tag's, if it has one).
@@ -331,32 +362,4 @@ impl RedisCluster {
                 .expect("SETSLOT NODE");
         }
     }
-}
-
-fn parse_node(line: &str) -> Option<ClusterNode> {
-    let fields: Vec<&str> = line.split_whitespace().collect();
-    let (id, address, flags) = (fields.first()?, fields.get(1)?, fields.get(2)?);
-    let port = address
-        .split('@')
-        .next()?
-        .rsplit(':')
-        .next()?
-        .parse()
-        .ok()?;
-    let slots = fields
-        .iter()
-        .skip(8)
-        .filter(|s| !s.starts_with('['))
-        .filter_map(|s| match s.split_once('-') {
-            Some((a, b)) => Some((a.parse().ok()?, b.parse().ok()?)),
-            None => s.parse().ok().map(|a| (a, a)),
-        })
-        .collect();
-    Some(ClusterNode {
-        id: (*id).to_owned(),
-        port,
-        master: flags.contains("master"),
-        failed: flags.contains("fail") && !flags.contains("fail?"),
-        slots,
-    })
 }
