@@ -17,12 +17,12 @@ use crate::report::fmt_ms;
 use crate::run::Run;
 
 /// What the core's grouped decision takes alone, at one batch size.
-struct Alone {
-    batch: usize,
-    writers: usize,
-    uses_per_sec: f64,
-    transactions_per_sec: f64,
-    postgres_us_per_use: f64,
+pub(crate) struct Alone {
+    pub batch: usize,
+    pub writers: usize,
+    pub uses_per_sec: f64,
+    pub transactions_per_sec: f64,
+    pub postgres_us_per_use: f64,
 }
 
 /// Batch sizes and writers of the decision measured alone.
@@ -122,7 +122,8 @@ impl Run {
                 break;
             }
         }
-        let alone = self.decision_alone(step, mode).await?;
+        let pool = self.stack.db.clone();
+        let alone = self.decision_alone(step, mode, &pool, "").await?;
         self.invariants().await?;
         let mut md = String::new();
         writeln!(md, "# Where an accepted {mode} reservation's time goes\n")?;
@@ -180,9 +181,16 @@ impl Run {
         Ok(())
     }
 
-    /// The core's grouped decision, called directly in batches of each size of [`ALONE`],
-    /// each for `step`; the uses go to the invariant check with the rest.
-    async fn decision_alone(&mut self, step: Duration, mode: &str) -> anyhow::Result<Vec<Alone>> {
+    /// The core's grouped decision, called directly on `pool` in batches of each size of
+    /// [`ALONE`], each for `step`, on vouchers named with `tag`; the uses go to the
+    /// invariant check with the rest.
+    pub(crate) async fn decision_alone(
+        &mut self,
+        step: Duration,
+        mode: &str,
+        pool: &sqlx::PgPool,
+        tag: &str,
+    ) -> anyhow::Result<Vec<Alone>> {
         use voucher_core::domain::{
             CustomerId, Money, OrderId, Reservation, ReservationStatus, VoucherCode,
         };
@@ -190,10 +198,10 @@ impl Run {
 
         let mut found = Vec::new();
         for (k, &(batch, writers)) in ALONE.iter().enumerate() {
-            let code = format!("D{}B{batch}W{writers}", self.run_id);
+            let code = format!("D{tag}{}B{batch}W{writers}", self.run_id);
             self.stack.create_voucher(&code, 10_000_000, mode).await?;
             let standard = mode == "standard";
-            let store = Store::new(self.stack.db.clone());
+            let store = Store::new(pool.clone());
             let voucher = VoucherCode::parse(&code).map_err(|e| anyhow::anyhow!("{e:?}"))?;
             let generation = store.gate_generation(&voucher).await?;
             let started = tokio::time::Instant::now();

@@ -396,6 +396,7 @@ async fn main() -> anyhow::Result<()> {
                 partitions: b.partitions,
             })
             .await?;
+            run.standby_cost(&cli.stack.database_url, step).await?;
             run.invariants().await?;
             report::write_many(&run)
         }

@@ -15,6 +15,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::cpu::{self, CpuSpent};
 use crate::invariants::remember_accepted;
 use crate::ladder::{best, climb, Step, SALE_CONNECTIONS};
 use crate::load::{self, Outcome, Plan, Sample};
@@ -56,13 +57,15 @@ impl Run {
             plan.vouchers,
             plan.edges.len()
         );
-        let details: Mutex<Vec<(u64, Vec<Voucher>)>> = Mutex::new(Vec::new());
+        let details: Mutex<Vec<(u64, Vec<Voucher>, CpuSpent, u64)>> = Mutex::new(Vec::new());
         let steps = {
             let (run, details) = (&*self, &details);
             climb(plan.rates, |rate| async move {
+                let before = cpu::sample();
                 let (step, vouchers) = run.many_step(plan, rate).await?;
+                let spent = CpuSpent::between(&before, &cpu::sample());
                 if let Ok(mut d) = details.lock() {
-                    d.push((rate, vouchers));
+                    d.push((rate, vouchers, spent, step.outcome.completed()));
                 }
                 Ok(step)
             })
@@ -88,7 +91,17 @@ impl Run {
             ),
             &steps,
         );
-        for (rate, vouchers) in &details {
+        self.report.push_str(&format!(
+            "\n### CPU per request by process, each step\n\nUser plus system time of every process of each kind (`/proc/<pid>/stat`, summed over the three cores, both edges, the six Redis nodes, both PostgreSQL servers), from before the step's vouchers are made to after their rows are counted, over the step's answered requests; `machine busy` is all of it over that time on 2 cores.\n\n| offered/s | requests | {} |\n|---|---|---|---|---|---|---|---|---|---|\n",
+            CpuSpent::header()
+        ));
+        for (rate, _, spent, requests) in &details {
+            self.report.push_str(&format!(
+                "| {rate} | {requests} | {} |\n",
+                spent.cells(*requests, 2.0).join(" | ")
+            ));
+        }
+        for (rate, vouchers, _, _) in &details {
             let label = if Some(*rate) == shown {
                 if sustained.is_some() {
                     "the highest sustained step"
@@ -280,6 +293,42 @@ impl Run {
             where_.push(master);
         }
         Ok((codes, where_))
+    }
+}
+
+impl Run {
+    /// PostgreSQL's grouped decision alone (`Run::decision_alone`), on the stack's pool and
+    /// again on sessions with `synchronous_commit = local`: the same server and statement,
+    /// the commit waiting for the synchronous standby's flush or not. What the standby costs.
+    pub async fn standby_cost(&mut self, database_url: &str, step: Duration) -> anyhow::Result<()> {
+        let waiting = self.stack.db.clone();
+        let sep = if database_url.contains('?') { '&' } else { '?' };
+        let local = sqlx::PgPool::connect(&format!(
+            "{database_url}{sep}options=-c%20synchronous_commit%3Dlocal"
+        ))
+        .await?;
+        let with = self.decision_alone(step, "flash", &waiting, "S").await?;
+        let without = self.decision_alone(step, "flash", &local, "L").await?;
+        self.report.push_str(
+            "\n## PostgreSQL's grouped decision alone, with and without the synchronous standby\n\n\
+             The core's own statement (`Store::decided_writer`) in a loop from this process, batches of a fixed size, on the scaled stack's primary: first as the cores run it (`synchronous_commit = on`: each commit waits for the standby's flush), then on sessions with `synchronous_commit = local` (the same server, not waiting).\n\n\
+             | batch size | writers | uses/s waiting for the standby | uses/s not waiting | ratio | transactions/s waiting | PostgreSQL µs per use waiting / not |\n|---|---|---|---|---|---|---|\n",
+        );
+        for (a, b) in with.iter().zip(&without) {
+            self.report.push_str(&format!(
+                "| {} | {} | {:.0} | {:.0} | {:.2} | {:.0} | {:.1} / {:.1} |\n",
+                a.batch,
+                a.writers,
+                a.uses_per_sec,
+                b.uses_per_sec,
+                a.uses_per_sec / b.uses_per_sec.max(f64::EPSILON),
+                a.transactions_per_sec,
+                a.postgres_us_per_use,
+                b.postgres_us_per_use
+            ));
+        }
+        local.close().await;
+        Ok(())
     }
 }
 
