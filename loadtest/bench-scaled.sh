@@ -5,6 +5,8 @@
 # total rates; per voucher its master, partition, uses issued, p99 and the requests that
 # reached a core after its sell-out. Writes reports/scaled/MANY.md.
 #   MANY_RATES=2000,4000,8000 STEP_SECS=3 ./loadtest/bench-scaled.sh
+# A database of the run's own, so the invariant check at the end covers exactly this run.
+export SCALED_DB=${SCALED_DB:-bench_$(date +%Y%m%d%H%M%S)}
 . "$(dirname "$0")/../scripts/lib.sh"
 . "$(dirname "$0")/../scripts/lib-scaled.sh"
 cd "$ROOT"
@@ -16,6 +18,6 @@ mkdir -p "$OUT"
 metrics=(); for port in "${CORES[@]}"; do metrics+=("127.0.0.1:$((port + 1100))"); done
 EDGE=127.0.0.1:${EDGES[0]} EDGES="127.0.0.1:${EDGES[0]},127.0.0.1:${EDGES[1]}" CORE=127.0.0.1:${CORES[0]} \
   CORE_METRICS="$(IFS=,; echo "${metrics[*]}")" \
-  DATABASE_URL="postgres://postgres@127.0.0.1:$(scaled_primary)/vouchers" \
+  DATABASE_URL="postgres://postgres@127.0.0.1:$(scaled_primary)/$SCALED_DB" \
   REDIS_URL="$(redis_nodes)" REDIS_TOPOLOGY=cluster KAFKA_BROKERS=127.0.0.1:$BROKER VOUCHER__KAFKA__PARTITIONS=6 \
   "$TARGET_DIR"/release/voucher-bench many "$OUT"

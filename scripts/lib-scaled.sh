@@ -6,6 +6,7 @@ REDIS_PORTS=(7101 7102 7103 7104 7105 7106)
 PG_PRIMARY=5433 PG_STANDBY=5434 BROKER=9094
 CORES=(8091 8092 8093) EDGES=(8190 8290)
 TOKEN=${VOUCHER__ADMIN__TOKEN:-dev-admin-token}
+SCALED_DB=${SCALED_DB:-vouchers}   # the cores' database (the benchmark makes one per run)
 mkdir -p "$SCALED"
 
 redis_nodes() { local p out=(); for p in "${REDIS_PORTS[@]}"; do out+=("redis://127.0.0.1:$p"); done; (IFS=,; echo "${out[*]}"); }
@@ -33,9 +34,17 @@ start_redis_cluster() {
   for port in "${REDIS_PORTS[@]}"; do
     for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
   done
-  if redis-cli -p "${REDIS_PORTS[0]}" cluster info | grep -q cluster_state:ok; then
-    log "the Redis Cluster on ${REDIS_PORTS[0]}-${REDIS_PORTS[5]} is up already"
-    return 0
+  # Nodes that ran before keep their cluster in nodes.conf: wait for them to agree again.
+  if redis-cli -p "${REDIS_PORTS[0]}" cluster info | grep -q cluster_slots_assigned:16384; then
+    for _ in $(seq 150); do
+      if redis-cli -p "${REDIS_PORTS[0]}" cluster info | grep -q cluster_state:ok; then
+        log "the Redis Cluster on ${REDIS_PORTS[0]}-${REDIS_PORTS[5]} is up"
+        return 0
+      fi
+      sleep 0.2
+    done
+    echo "the Redis Cluster on ${REDIS_PORTS[0]} knows its slots but is not ok" >&2
+    return 1
   fi
   log "creating the Redis Cluster: 3 masters, a replica each"
   local addrs=(); for port in "${REDIS_PORTS[@]}"; do addrs+=("127.0.0.1:$port"); done
@@ -89,8 +98,8 @@ CONF
     [[ $(psql -X -At -h 127.0.0.1 -p "$primary" -U postgres -c "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'") -ge 1 ]] && break
     sleep 0.2
   done
-  if ! psql -X -At -h 127.0.0.1 -p "$primary" -U postgres -c "SELECT 1 FROM pg_database WHERE datname = 'vouchers'" | grep -q 1; then
-    psql -X -q -h 127.0.0.1 -p "$primary" -U postgres -c 'CREATE DATABASE vouchers'
+  if ! psql -X -At -h 127.0.0.1 -p "$primary" -U postgres -c "SELECT 1 FROM pg_database WHERE datname = '$SCALED_DB'" | grep -q 1; then
+    psql -X -q -h 127.0.0.1 -p "$primary" -U postgres -c "CREATE DATABASE \"$SCALED_DB\""
   fi
 }
 
@@ -103,7 +112,7 @@ start_scaled_stack() {
   log "building voucher-core and voucher-edge (release; the first build takes several minutes)"
   cargo build --release -p voucher-core -p voucher-edge
 
-  DB_URL="postgres://postgres@127.0.0.1:$PG_PRIMARY,127.0.0.1:$PG_STANDBY/vouchers?target_session_attrs=read-write"
+  DB_URL="postgres://postgres@127.0.0.1:$PG_PRIMARY,127.0.0.1:$PG_STANDBY/$SCALED_DB?target_session_attrs=read-write"
   upstreams=()
   for i in 0 1 2; do
     port=${CORES[$i]}

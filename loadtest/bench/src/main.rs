@@ -29,6 +29,7 @@
 mod accept;
 mod bare;
 mod big;
+mod broker_alone;
 mod cpu;
 mod flash_sale;
 mod gate_vs_redis;
@@ -397,6 +398,7 @@ async fn main() -> anyhow::Result<()> {
             })
             .await?;
             run.standby_cost(&cli.stack.database_url, step).await?;
+            run.broker_alone(&cli.stack.kafka_brokers, step).await?;
             run.invariants().await?;
             report::write_many(&run)
         }
