@@ -39,6 +39,15 @@ struct Voucher {
     at_core: u64,
 }
 
+/// One step's vouchers and the CPU it took.
+struct StepDetail {
+    rate: u64,
+    vouchers: Vec<Voucher>,
+    spent: CpuSpent,
+    /// Answered requests.
+    requests: u64,
+}
+
 /// What `many` is asked to run.
 pub struct ManyPlan<'a> {
     pub edges: &'a [SocketAddr],
@@ -57,7 +66,7 @@ impl Run {
             plan.vouchers,
             plan.edges.len()
         );
-        let details: Mutex<Vec<(u64, Vec<Voucher>, CpuSpent, u64)>> = Mutex::new(Vec::new());
+        let details: Mutex<Vec<StepDetail>> = Mutex::new(Vec::new());
         let steps = {
             let (run, details) = (&*self, &details);
             climb(plan.rates, |rate| async move {
@@ -65,7 +74,12 @@ impl Run {
                 let (step, vouchers) = run.many_step(plan, rate).await?;
                 let spent = CpuSpent::between(&before, &cpu::sample());
                 if let Ok(mut d) = details.lock() {
-                    d.push((rate, vouchers, spent, step.outcome.completed()));
+                    d.push(StepDetail {
+                        rate,
+                        vouchers,
+                        spent,
+                        requests: step.outcome.completed(),
+                    });
                 }
                 Ok(step)
             })
@@ -95,13 +109,15 @@ impl Run {
             "\n### CPU per request by process, each step\n\nUser plus system time of every process of each kind (`/proc/<pid>/stat`, summed over the three cores, both edges, the six Redis nodes, both PostgreSQL servers), from before the step's vouchers are made to after their rows are counted, over the step's answered requests; `machine busy` is all of it over that time on 2 cores.\n\n| offered/s | requests | {} |\n|---|---|---|---|---|---|---|---|---|---|\n",
             CpuSpent::header()
         ));
-        for (rate, _, spent, requests) in &details {
+        for d in &details {
             self.report.push_str(&format!(
-                "| {rate} | {requests} | {} |\n",
-                spent.cells(*requests, 2.0).join(" | ")
+                "| {} | {} | {} |\n",
+                d.rate,
+                d.requests,
+                d.spent.cells(d.requests, 2.0).join(" | ")
             ));
         }
-        for (rate, vouchers, _, _) in &details {
+        for StepDetail { rate, vouchers, .. } in &details {
             let label = if Some(*rate) == shown {
                 if sustained.is_some() {
                     "the highest sustained step"
