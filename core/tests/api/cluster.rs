@@ -6,7 +6,7 @@
 //! invariants on PostgreSQL and the gate, and every 201's retry answering what PostgreSQL
 //! holds.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use voucher_core::flash::gate::Topology;
@@ -104,27 +104,35 @@ async fn a_master_killed_mid_sale_costs_only_503s_until_its_replica_is_promoted(
     let env = stack_on(&cluster).await;
     let code = "CLUKILL";
     env.app().given_voucher(flash_voucher(code, 150, 1)).await;
-    let master = cluster.master_of(cluster.slot("{CLUKILL}").await).await;
+    let slot = cluster.slot("{CLUKILL}").await;
+    let master = cluster.master_of(slot).await;
 
     let cluster_ref = &mut cluster;
-    let (answers, killed, _) = sale_through(&env, code, 300, async move {
+    let (answers, killed, promoted) = sale_through(&env, code, 300, async move {
         cluster_ref.kill(master.port);
+        cluster_ref.until_promoted(slot, master.port).await;
     })
     .await;
     cluster.until_settled().await;
-    let promoted = cluster.master_of(cluster.slot("{CLUKILL}").await).await;
-    assert_ne!(promoted.port, master.port, "the replica took the slot over");
 
-    let unavailable: Vec<Duration> = answers
+    // Redis promotes the replica after its node timeout and an election, on its own
+    // schedule (longer on a loaded machine); what the service owns is the time after that.
+    let unavailable: Vec<Instant> = answers
         .iter()
         .filter(|(_, a)| a.status == StatusCode::SERVICE_UNAVAILABLE)
-        .map(|(at, _)| at.saturating_duration_since(killed))
+        .map(|(at, _)| *at)
         .collect();
-    let last = unavailable.iter().max().copied().unwrap_or_default();
+    let last = unavailable.iter().max().copied().unwrap_or(killed);
+    eprintln!(
+        "replica promoted {:?} after the kill (node timeout {NODE_TIMEOUT:?}); last 503 {:?} after the kill, {} in all",
+        promoted.duration_since(killed),
+        last.saturating_duration_since(killed),
+        unavailable.len()
+    );
     assert!(
-        last <= NODE_TIMEOUT + Duration::from_secs(2),
-        "503s went on {last:?} after the kill ({} of them); the bound is the node timeout \
-         ({NODE_TIMEOUT:?}) plus 2 s",
+        last <= promoted + Duration::from_secs(2),
+        "503s went on {:?} after the replica's promotion ({} of them); the bound is 2 s",
+        last.saturating_duration_since(promoted),
         unavailable.len()
     );
     sold_out_exactly(env, code, 150, &answers).await;

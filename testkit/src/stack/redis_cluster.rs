@@ -225,6 +225,22 @@ impl RedisCluster {
             .expect("a master serves every slot")
     }
 
+    /// Waits until a live master other than the one on `old_port` serves `slot`: the moment
+    /// the cluster has promoted a replica in a dead master's place (its node timeout, then
+    /// its election).
+    pub async fn until_promoted(&self, slot: u16, old_port: u16) {
+        eventually(Duration::from_secs(60), "a replica promoted", || async {
+            let promoted = self.nodes().await.into_iter().any(|n| {
+                n.master
+                    && !n.failed
+                    && n.port != old_port
+                    && n.slots.iter().any(|&(a, b)| (a..=b).contains(&slot))
+            });
+            promoted.then_some(())
+        })
+        .await;
+    }
+
     /// Kills the node on `port` at once (SIGKILL): what it held in memory is gone, and
     /// whatever it had not yet sent its replica is lost with it.
     pub fn kill(&mut self, port: u16) {
