@@ -36,13 +36,14 @@ async fn the_primary_lost_mid_sale_keeps_every_201_and_the_core_follows_the_prom
     env.app().given_voucher(flash_voucher(code, 150, 1)).await;
 
     let mut replacement = None;
-    let (answers, lost_at, healed_at) = sale_through(&env, code, 300, async {
-        primary.lose();
-        standby.promote(ports[0]).await.expect("promotion");
+    let (lost, promoted, replaced) = (&mut primary, &standby, &mut replacement);
+    let (answers, lost_at, healed_at) = sale_through(&env, code, 300, async move {
+        lost.lose();
+        promoted.promote(ports[0]).await.expect("promotion");
         // The promoted server is synchronous too: it commits nothing until a standby of
         // its own streams, as the runbook's promotion does.
-        replacement = Some(
-            PostgresServer::start_standby(&standby)
+        *replaced = Some(
+            PostgresServer::start_standby(promoted)
                 .await
                 .expect("a standby of the promoted server"),
         );

@@ -315,9 +315,13 @@ impl RedisCluster {
     /// Moves `slot` from its master to the master on `to_port` with its keys, as
     /// `redis-cli --cluster reshard` does: the target imports, the source migrates (from
     /// here on a key already moved is answered ASK), the keys go over in small MIGRATE
-    /// batches `pause` apart (so calls land mid-migration), then both take the new owner
-    /// (from then on the old master answers MOVED).
-    pub async fn move_slot(&self, slot: u16, to_port: u16, pause: Duration) {
+    /// batches with `between` awaited after each (so calls land mid-migration), then both
+    /// take the new owner (from then on the old master answers MOVED).
+    pub async fn move_slot<F, Fut>(&self, slot: u16, to_port: u16, mut between: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
         let from = self.master_of(slot).await;
         let nodes = self.nodes().await;
         let to = nodes
@@ -369,7 +373,7 @@ impl RedisCluster {
                 .query_async::<()>(&mut source)
                 .await
                 .expect("MIGRATE");
-            tokio::time::sleep(pause).await;
+            between().await;
         }
         for conn in [&mut target, &mut source] {
             setslot("NODE", &to.id)
