@@ -5,7 +5,6 @@ SCALED="$RUN_DIR/scaled"
 REDIS_PORTS=(7101 7102 7103 7104 7105 7106)
 PG_PRIMARY=5433 PG_STANDBY=5434 BROKER=9094
 CORES=(8091 8092 8093) EDGES=(8190 8290)
-TOKEN=${VOUCHER__ADMIN__TOKEN:-dev-admin-token}
 SCALED_DB=${SCALED_DB:-vouchers}   # the cores' database (the benchmark makes one per run)
 mkdir -p "$SCALED"
 

@@ -37,6 +37,17 @@ end
 LUA
 }
 
+# demo_voucher CORE_URL CODE: a flash voucher of 100 uses, 1 per customer, live for a day,
+# created through the core's admin API (the demo sales of up.sh and up-scaled.sh).
+demo_voucher() {
+  local core=$1 code=$2 token=${VOUCHER__ADMIN__TOKEN:-dev-admin-token} now end
+  now=$(date -u +%FT%TZ); end=$(date -u -d '+1 day' +%FT%TZ)
+  log "creating flash voucher $code: 100 uses, 1 per customer"
+  curl -fsS -X POST "$core/vouchers" -H "Authorization: Bearer $token" -H 'Content-Type: application/json' \
+    -d "{\"code\":\"$code\",\"discountAmount\":100000,\"minOrderAmount\":0,\"totalLimit\":100,\"perUserLimit\":1,\"startsAt\":\"$now\",\"endsAt\":\"$end\",\"mode\":\"flash\"}"
+  echo
+}
+
 # sold_out_voucher CODE: a flash voucher of one use, created at core 1 and sold out there,
 # for the reject path's runs (edge-ab.sh, perf-edge.sh).
 sold_out_voucher() {

@@ -12,7 +12,7 @@
 #   - two edges on 8190 and 8290 (metrics 9190 and 9290) in front of all three cores.
 # Data, logs and pids live in run/scaled/ and run/. Stop it with ./scripts/down.sh.
 # Promote the standby after losing the primary: scripts/pg-promote.sh --standby
-# 127.0.0.1:5434 --old-primary 127.0.0.1:5433 (docs/RUNBOOK.md).
+# 127.0.0.1:5434 --old-primary 127.0.0.1:5433 --fenced, once the primary is stopped (docs/RUNBOOK.md).
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/lib-scaled.sh"
 cd "$ROOT"
@@ -20,11 +20,7 @@ cd "$ROOT"
 start_scaled_stack
 
 code="SCALED$(date +%s)"
-now=$(date -u +%FT%TZ); end=$(date -u -d '+1 day' +%FT%TZ)
-log "creating flash voucher $code: 100 uses, 1 per customer"
-curl -fsS -X POST "http://127.0.0.1:${CORES[0]}/vouchers" -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
-  -d "{\"code\":\"$code\",\"discountAmount\":100000,\"minOrderAmount\":0,\"totalLimit\":100,\"perUserLimit\":1,\"startsAt\":\"$now\",\"endsAt\":\"$end\",\"mode\":\"flash\"}"
-echo
+demo_voucher "http://127.0.0.1:${CORES[0]}" "$code"
 log "demo sale: 1,000 customers at once, odd ones through edge 1, even ones through edge 2"
 seq 1 1000 | xargs -P 50 -I{} sh -c 'port=$(( {} % 2 == 1 ? '"${EDGES[0]}"' : '"${EDGES[1]}"' )); curl -sS -o /dev/null -w "%{http_code}\n" -X POST "http://127.0.0.1:$port/vouchers/'"$code"'/reservations" \
   -H "Content-Type: application/json" -d "{\"customerId\":\"demo-c{}\",\"orderId\":\"'"$code"'-o{}\",\"orderAmount\":250000}"' \

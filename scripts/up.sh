@@ -11,16 +11,11 @@ cd "$ROOT"
 
 API=http://127.0.0.1:8080        # the edge: what clients call
 CORE=http://127.0.0.1:8081       # core 1 (admin calls go to a core, never through the edge)
-TOKEN=${VOUCHER__ADMIN__TOKEN:-dev-admin-token}
 
 start_stack
 
 code="DEMO$(date +%s)"
-now=$(date -u +%FT%TZ); end=$(date -u -d '+1 day' +%FT%TZ)
-log "creating flash voucher $code: 100 uses, 1 per customer"
-curl -fsS -X POST "$CORE/vouchers" -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
-  -d "{\"code\":\"$code\",\"discountAmount\":100000,\"minOrderAmount\":0,\"totalLimit\":100,\"perUserLimit\":1,\"startsAt\":\"$now\",\"endsAt\":\"$end\",\"mode\":\"flash\"}"
-echo
+demo_voucher "$CORE" "$code"
 
 log "demo sale through the edge: 1,000 customers reserve at once (50 in flight)"
 seq 1 1000 | xargs -P 50 -I{} curl -sS -o /dev/null -w '%{http_code}\n' -X POST "$API/vouchers/$code/reservations" \

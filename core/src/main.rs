@@ -51,7 +51,8 @@ fn main() -> anyhow::Result<()> {
         }
         Some(Command::Migrate) => {
             runtime.block_on(async {
-                voucher_core::store::Store::connect_lazy(&settings.database)?
+                voucher_core::store::Store::connect_to_primary(&settings.database)
+                    .await?
                     .migrate()
                     .await
             })?;

@@ -40,12 +40,13 @@ struct TokenRefresh {
 impl Application {
     /// Connects, migrates (when configured), binds both listeners. Ports may be 0.
     pub async fn build(settings: &Settings) -> anyhow::Result<Self> {
-        let store = Store::connect_lazy(&settings.database).context("database settings")?;
         // A URL of a primary and its standbys: find the primary before the first statement
-        // (the migrations). None found: the core starts anyway and answers 503 until one is.
-        store
-            .locate_primary(settings.database.acquire_timeout)
-            .await;
+        // (the migrations). None found: with `migrate` the migrations fail and the core
+        // exits (its supervisor starts it again); without, it starts and answers 503 until
+        // the follower finds one.
+        let store = Store::connect_to_primary(&settings.database)
+            .await
+            .context("database settings")?;
         if settings.database.migrate {
             store.migrate().await.context("applying migrations")?;
         }

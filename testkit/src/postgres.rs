@@ -136,9 +136,9 @@ impl PostgresServer {
         anyhow::bail!("the standby on {} did not stream within 30 s", standby.port)
     }
 
-    /// Promotes a standby with the operator's script (`scripts/pg-promote.sh`, which
-    /// refuses while `old_primary` still answers as a primary): from then on it is a
-    /// primary and takes writes.
+    /// Promotes a standby with the operator's script (`scripts/pg-promote.sh --fenced`:
+    /// the caller has stopped the old primary; the script still refuses while
+    /// `old_primary` answers as a primary): from then on it is a primary.
     pub async fn promote(&self, old_primary: u16) -> anyhow::Result<()> {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/pg-promote.sh");
         let standby = format!("127.0.0.1:{}", self.port);
@@ -146,6 +146,8 @@ impl PostgresServer {
             Command::new(script)
                 .args(["--standby", &standby])
                 .args(["--old-primary", &format!("127.0.0.1:{old_primary}")])
+                // The callers have lost (frozen and killed) the old primary first.
+                .arg("--fenced")
                 .output()
         })
         .await??;

@@ -29,7 +29,7 @@ pub enum TokensCommand {
 }
 
 pub async fn run(settings: &Settings, command: TokensCommand) -> anyhow::Result<()> {
-    let store = Store::connect_lazy(&settings.database)?;
+    let store = Store::connect_to_primary(&settings.database).await?;
     if settings.database.migrate {
         store.migrate().await?;
     }

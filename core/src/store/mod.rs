@@ -92,6 +92,14 @@ impl Store {
         })
     }
 
+    /// [`Self::connect_lazy`], then [`Self::locate_primary`] within `acquire_timeout`: what
+    /// every entry point does before its first statement.
+    pub async fn connect_to_primary(settings: &DatabaseSettings) -> anyhow::Result<Self> {
+        let store = Self::connect_lazy(settings)?;
+        store.locate_primary(settings.acquire_timeout).await;
+        Ok(store)
+    }
+
     /// With several servers: points the pool at the primary now (before migrations at
     /// start-up, say). Returns whether one was found; with one server, true.
     pub async fn locate_primary(&self, timeout: std::time::Duration) -> bool {

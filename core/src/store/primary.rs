@@ -5,15 +5,17 @@
 //! connections to one host only, so the pool is pointed at one server at a time and this
 //! module moves it: [`Servers::follow`] asks the current server every interval whether it is
 //! still the primary (`pg_is_in_recovery()`), and when it is not, or does not answer, asks
-//! every server in the URL's order and points the pool's new connections at the first
+//! every server in the URL's order and points the pool's *new* connections at the first
 //! primary it finds. A connection opened to a standby is refused before it joins the pool
 //! ([`Servers::is_writable`]), and a write that meets one anyway (`25006`) is a 503 the
-//! client retries, so a switch costs 503s, never a write to the wrong server.
+//! client retries.
 //!
-//! What this does not do is decide that a standby becomes the primary: that is the
-//! operator's promotion (`scripts/pg-promote.sh`, `docs/RUNBOOK.md`), which also makes sure
-//! the old primary stays down. Were two servers primaries at once, the pool stays with the
-//! one it is on.
+//! Connections already open to the old server stay in the pool until they fail (a dead
+//! server's do at their next use) or age out: the core does not fence anything. That a
+//! lost primary never takes a write again is the operator's promotion's to ensure
+//! (`scripts/pg-promote.sh`, `docs/RUNBOOK.md`: fence the old primary first). With one
+//! synchronous standby, an old primary that came back would commit nothing anyway: its
+//! commits wait for the standby that was promoted away.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -23,12 +25,21 @@ use sqlx::{Connection, PgPool};
 use tokio_util::sync::CancellationToken;
 
 /// The servers of a multi-host URL, in its order, and the one the pool connects to.
-#[derive(Debug)]
 pub struct Servers {
     options: Vec<PgConnectOptions>,
     /// Each server's `host:port`, for the logs.
     names: Vec<String>,
     current: AtomicUsize,
+}
+
+/// Only the hosts: sqlx's options print their password.
+impl std::fmt::Debug for Servers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Servers")
+            .field("hosts", &self.names)
+            .field("current", &self.current.load(Ordering::Relaxed))
+            .finish()
+    }
 }
 
 /// What a probe of one server found.
@@ -42,7 +53,9 @@ enum Role {
 impl Servers {
     /// Parses a database URL with one host or several (libpq's `host1:port1,host2:port2`).
     /// With several, `target_session_attrs` may only ask for the primary (`read-write` or
-    /// `primary`, libpq's spellings; absent means the same here): the core writes.
+    /// `primary`, libpq's spellings; absent means the same here): the core writes. A URL
+    /// without a host (a Unix socket: `postgres:///db?host=/run/postgresql`) is one server,
+    /// given to sqlx as it is.
     pub fn parse(url: &str) -> anyhow::Result<Self> {
         let (scheme, rest) = url
             .split_once("://")
@@ -53,7 +66,25 @@ impl Servers {
             Some((user, hosts)) => (Some(user), hosts),
             None => (None, authority),
         };
+        if !hosts.contains(',') {
+            let one = format!(
+                "{scheme}://{authority}{}",
+                without_target_session_attrs(tail)?
+            );
+            let parsed: PgConnectOptions = one
+                .parse()
+                .map_err(|e| anyhow::anyhow!("database URL: {e}"))?;
+            return Ok(Self {
+                names: vec![format!("{}:{}", parsed.get_host(), parsed.get_port())],
+                options: vec![parsed],
+                current: AtomicUsize::new(0),
+            });
+        }
         let tail = without_target_session_attrs(tail)?;
+        anyhow::ensure!(
+            !tail.contains("host=") && !tail.contains("port="),
+            "a database URL with several hosts takes no host= or port= in its query"
+        );
         let hosts: Vec<&str> = hosts.split(',').collect();
         anyhow::ensure!(
             hosts.iter().all(|h| !h.is_empty()),
@@ -61,14 +92,16 @@ impl Servers {
         );
         let mut options = Vec::with_capacity(hosts.len());
         let mut names = Vec::with_capacity(hosts.len());
-        for host in &hosts {
+        for (n, host) in hosts.iter().enumerate() {
             let one = match userinfo {
                 Some(user) => format!("{scheme}://{user}@{host}{tail}"),
                 None => format!("{scheme}://{host}{tail}"),
             };
             let parsed: PgConnectOptions = one
                 .parse()
-                .map_err(|e| anyhow::anyhow!("database URL, host {host}: {e}"))?;
+                // The host's position, not its text: a password with an unencoded `/`
+                // would end the host list early and be printed as a host.
+                .map_err(|e| anyhow::anyhow!("database URL, host number {}: {e}", n + 1))?;
             options.push(parsed);
             names.push((*host).to_owned());
         }
@@ -143,6 +176,8 @@ impl Servers {
         if !self.several() {
             return;
         }
+        // A zero interval would panic tokio's ticker.
+        let interval = interval.max(Duration::from_millis(50));
         crate::periodic::every(interval, &shutdown, || async {
             self.locate(&pool, interval.max(Duration::from_millis(200)))
                 .await;
@@ -236,6 +271,30 @@ mod tests {
             assert!(err.contains("read-write"), "{attrs}: {err}");
         }
         assert!(Servers::parse("postgres://u@a:1,b:2/db?target_session_attrs=primary").is_ok());
+    }
+
+    #[test]
+    fn a_socket_url_without_a_host_is_one_server() {
+        let servers =
+            Servers::parse("postgres:///vouchers?host=/run/postgresql").expect("a socket URL");
+        assert!(!servers.several());
+        assert_eq!(servers.current().get_database(), Some("vouchers"));
+    }
+
+    #[test]
+    fn debug_shows_hosts_and_no_password() {
+        let servers = Servers::parse("postgres://app:hunter2@a:1,b:2/db").expect("two hosts");
+        let shown = format!("{servers:?}");
+        assert!(
+            shown.contains("a:1") && !shown.contains("hunter2"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn several_hosts_take_no_host_or_port_in_the_query() {
+        assert!(Servers::parse("postgres://u@a:1,b:2/db?host=c").is_err());
+        assert!(Servers::parse("postgres://u@a:1,b:2/db?port=3").is_err());
     }
 
     #[test]
