@@ -10,7 +10,8 @@
 //! ([`Servers::is_writable`]), and a write that meets one anyway (`25006`) is a 503 the
 //! client retries.
 //!
-//! Connections already open to the old server stay in the pool until they fail (a dead
+//! On a switch the pool's idle connections are closed; those in use at that moment (and a
+//! grouped writer's held one) go back to the pool and stay until they fail (a dead
 //! server's do at their next use) or age out: the core does not fence anything. That a
 //! lost primary never takes a write again is the operator's promotion's to ensure
 //! (`scripts/pg-promote.sh`, `docs/RUNBOOK.md`: fence the old primary first). With one
@@ -159,6 +160,18 @@ impl Servers {
             if probe(options, timeout).await == Role::Primary {
                 self.current.store(i, Ordering::Relaxed);
                 pool.set_connect_options(options.clone());
+                // The idle connections are the old server's: closed, so the next requests
+                // open theirs to the new one. Those in use come back to the pool and stay
+                // until they fail (`docs/RUNBOOK.md`: the old primary is stopped first).
+                for _ in 0..pool.num_idle() {
+                    match pool.try_acquire() {
+                        Some(conn) => {
+                            // Bounded: a frozen server may never see the goodbye.
+                            let _ = tokio::time::timeout(timeout, conn.close()).await;
+                        }
+                        None => break,
+                    }
+                }
                 tracing::warn!(
                     from = %self.names[at],
                     to = %self.names[i],
