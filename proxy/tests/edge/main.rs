@@ -1045,7 +1045,18 @@ async fn at_its_admission_limit_the_edge_refuses_a_reservation_itself_with_503_o
         Some(&b"1"[..])
     );
     assert_error(refused, StatusCode::SERVICE_UNAVAILABLE, "OVERLOADED").await;
-    let metrics = stack.edge().metrics().await;
+    // Counted when the request's logging phase ends, which may come after the client has
+    // its answer: wait for the count, then check it is exactly one.
+    let metrics = voucher_testkit::wait::eventually(
+        Duration::from_secs(5),
+        "the refusal counted",
+        || async {
+            let metrics = stack.edge().metrics().await;
+            (metrics.sum("edge_requests_total", &[("outcome", "overloaded")]) >= 1.0)
+                .then_some(metrics)
+        },
+    )
+    .await;
     assert_eq!(metrics.sum("edge_admission_refused_total", &[]), 1.0);
     assert_eq!(
         metrics.sum("edge_requests_total", &[("outcome", "overloaded")]),
