@@ -65,10 +65,11 @@ impl Stack {
     }
 
     /// The Redis Cluster's masters (ports, ascending) and, for each of `codes`, the master
-    /// of its hash tag's slot (`CLUSTER KEYSLOT`, `CLUSTER NODES`); empty on one server.
+    /// of its hash tag's slot (`CLUSTER KEYSLOT`, `CLUSTER NODES`); on one server no
+    /// masters, and 0 for every code.
     pub async fn gate_masters(&self, codes: &[String]) -> anyhow::Result<(Vec<u16>, Vec<u16>)> {
         if self.redis_topology != voucher_core::flash::gate::Topology::Cluster {
-            return Ok((Vec::new(), Vec::new()));
+            return Ok((Vec::new(), vec![0; codes.len()]));
         }
         let first = self.redis_url.split(',').next().unwrap_or_default();
         let mut conn = redis::Client::open(first)?
@@ -92,10 +93,7 @@ impl Stack {
                 .arg(format!("{{{code}}}"))
                 .query_async(&mut conn)
                 .await?;
-            let master = nodes
-                .iter()
-                .find(|n| n.slots.iter().any(|&(a, b)| (a..=b).contains(&slot)))
-                .map_or(0, |n| n.port);
+            let master = nodes.iter().find(|n| n.serves(slot)).map_or(0, |n| n.port);
             of.push(master);
         }
         Ok((masters, of))

@@ -1,7 +1,8 @@
 //! The seeded fault campaign (`loadtest/campaign.sh`): rounds of paced flash sales through
 //! the edge, one fault per round chosen by the seed, the invariants checked after each.
 //!
-//! - [`stack`]: the stack of `scripts/up.sh`, every piece of the campaign's own;
+//! - [`stack`]: the stack of `scripts/up.sh` (or, `Layout::Scaled`, of
+//!   `scripts/up-scaled.sh`), every piece of the campaign's own;
 //! - [`fault`]: the faults, struck and healed;
 //! - [`round`]: one round: the voucher, the customers, the fault, the checks;
 //! - [`report`]: the table per fault and the verdict;

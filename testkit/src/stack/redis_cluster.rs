@@ -61,6 +61,11 @@ pub struct ClusterNode {
 }
 
 impl ClusterNode {
+    /// A live master holding `slot`.
+    pub fn serves(&self, slot: u16) -> bool {
+        self.master && !self.failed && self.slots.iter().any(|&(a, b)| (a..=b).contains(&slot))
+    }
+
     /// One line of `CLUSTER NODES`; `None` for a line it cannot read.
     pub fn parse(line: &str) -> Option<ClusterNode> {
         let fields: Vec<&str> = line.split_whitespace().collect();
@@ -219,9 +224,7 @@ impl RedisCluster {
         self.nodes()
             .await
             .into_iter()
-            .find(|n| {
-                n.master && !n.failed && n.slots.iter().any(|&(a, b)| (a..=b).contains(&slot))
-            })
+            .find(|n| n.serves(slot))
             .expect("a master serves every slot")
     }
 
@@ -230,12 +233,11 @@ impl RedisCluster {
     /// its election).
     pub async fn until_promoted(&self, slot: u16, old_port: u16) {
         eventually(Duration::from_secs(60), "a replica promoted", || async {
-            let promoted = self.nodes().await.into_iter().any(|n| {
-                n.master
-                    && !n.failed
-                    && n.port != old_port
-                    && n.slots.iter().any(|&(a, b)| (a..=b).contains(&slot))
-            });
+            let promoted = self
+                .nodes()
+                .await
+                .into_iter()
+                .any(|n| n.port != old_port && n.serves(slot));
             promoted.then_some(())
         })
         .await;
