@@ -43,6 +43,14 @@ pub struct EdgeSettings {
     /// How long a sold-out flag answers for the core.
     #[serde(with = "humantime_serde")]
     pub sold_out_ttl: Duration,
+    /// How long a reservation that meets a new flag waits for its order filter before it
+    /// goes on to a core. Waiting is what keeps a sell-out's refusals off the cores while
+    /// the filter is fetched (`edge_order_fetch_seconds`); past this, the request goes on,
+    /// as every one did before the wait existed.
+    #[serde(with = "humantime_serde")]
+    pub sold_out_wait: Duration,
+    /// Reservations waiting for order filters at once, at most; the rest go on at once.
+    pub sold_out_max_waiting: usize,
     /// A voucher's order filter is fetched from a core at most once per this interval,
     /// whatever clients send (give-backs drop flags; each new flag would fetch again).
     #[serde(with = "humantime_serde")]
@@ -139,6 +147,8 @@ impl Default for EdgeSettings {
             orders_token: SecretString::default(),
             sold_out_answers: true,
             sold_out_ttl: Duration::from_secs(2),
+            sold_out_wait: Duration::from_millis(50),
+            sold_out_max_waiting: 4096,
             order_fetch_interval: Duration::from_secs(1),
             rate_limit: RateLimitSettings::default(),
             cache_capacity: 100_000,

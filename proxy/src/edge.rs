@@ -31,6 +31,8 @@ pub struct Edge {
     pub flagger: Flagger,
     /// Ids of requests that came without a valid one.
     pub request_ids: request::RequestIds,
+    /// Places for reservations waiting on a new flag's filter (`sold_out_max_waiting`).
+    pub flag_waiters: Arc<tokio::sync::Semaphore>,
     /// Bounds the reservations the edge has at the cores at once (`admission`).
     pub admission: voucher_admission::Limiter,
     /// Set on SIGTERM: the edge's `readyz` answers 503 while it drains (`server::Drain`).

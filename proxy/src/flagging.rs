@@ -20,7 +20,7 @@ use voucher_contract::order_filter::{OrderFilter, MAX_BITS};
 use voucher_contract::Route;
 
 use crate::metrics::EdgeMetrics;
-use crate::sold_out::{Refusal, SoldOutCache};
+use crate::sold_out::{Fetch, Refusal, SoldOutCache};
 
 /// What a flag needs to start or be renewed: the flags, a core to ask, and how to ask it.
 #[derive(Clone)]
@@ -39,22 +39,25 @@ impl Flagger {
     /// voucher at a time, and at most one per `order_fetch_interval`); the filter's answer
     /// says what the flag refuses with, or that it is none.
     pub fn flag(&self, code: &str) {
-        let Some(id) = self.sold_out.begin(code) else {
+        let Some(fetch) = self.sold_out.begin(code) else {
             return;
         };
         self.metrics.flags_set.inc();
-        self.fetch_filter(code, id, false);
+        self.fetch_filter(code, fetch.id, Some(fetch));
     }
 
     /// Renews `code`'s flag `id`, whose answer claimed its renewal (see `sold_out`).
     pub fn renew(&self, code: &str, id: u64) {
-        self.fetch_filter(code, id, true);
+        self.fetch_filter(code, id, None);
     }
 
     /// Fetches `code`'s order filter from a core for flag `id` and stores it. A flag being
-    /// renewed keeps answering meanwhile, and a failed renewal leaves it to its TTL; a new
-    /// flag whose fetch failed is dropped.
-    fn fetch_filter(&self, code: &str, id: u64, renewal: bool) {
+    /// renewed (`new: None`) keeps answering meanwhile, and a failed renewal leaves it to
+    /// its TTL; a new flag whose fetch failed is dropped. A new flag's `Fetch` is dropped
+    /// last, once the flag is stored or dropped: that releases the reservations waiting
+    /// for it.
+    fn fetch_filter(&self, code: &str, id: u64, new: Option<Fetch>) {
+        let renewal = new.is_none();
         let (cache, http, token) = (
             self.sold_out.clone(),
             self.http.clone(),
@@ -67,6 +70,7 @@ impl Flagger {
         let code = code.to_owned();
         let metrics = self.metrics.clone();
         tokio::spawn(async move {
+            let started = std::time::Instant::now();
             let filter = match upstream {
                 Some(addr) => fetch_filter(&http, &addr, &code, &token).await,
                 None => Err("no healthy core".into()),
@@ -97,6 +101,10 @@ impl Flagger {
                 }
             };
             metrics.order_fetches.with_label_values(&[outcome]).inc();
+            metrics
+                .order_fetch_seconds
+                .observe(started.elapsed().as_secs_f64());
+            drop(new);
         });
     }
 }

@@ -36,6 +36,16 @@ pub struct EdgeMetrics {
     /// Order-filter fetches by outcome: stored, dropped (a give-back came first),
     /// not_sold_out (read while uses were left), failed.
     pub order_fetches: IntCounterVec,
+    /// How long order-filter fetches took, whatever their outcome: how long a new flag's
+    /// reservations wait.
+    pub order_fetch_seconds: Histogram,
+    /// Reservations that met a flag whose filter was being fetched, by what came of it:
+    /// `answered` (waited, then refused here), `forwarded` (waited, then sent on: a holder,
+    /// or no flag after all), `timed_out` (waited `sold_out_wait`, then sent on), `full`
+    /// (`sold_out_max_waiting` were waiting already: sent on at once).
+    pub flag_waits: IntCounterVec,
+    /// Reservations waiting for an order filter now.
+    pub flag_waiting: IntGauge,
     /// Requests refused for a client over its rate, by what was counted (ip, customer).
     pub rate_limited: IntCounterVec,
     /// Handles of the series every answer counts in (see [`EdgeMetrics::answered`]).
@@ -141,6 +151,27 @@ impl EdgeMetrics {
             &["outcome"],
         )
         .expect("static metric definition is valid");
+        let order_fetch_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "edge_order_fetch_seconds",
+                "Time to fetch a flagged voucher's order filter from a core",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+        )
+        .expect("static metric definition is valid");
+        let flag_waits = IntCounterVec::new(
+            Opts::new(
+                "edge_flag_waits_total",
+                "Reservations that met a flag whose filter was being fetched, by what came of it",
+            ),
+            &["outcome"],
+        )
+        .expect("static metric definition is valid");
+        let flag_waiting = IntGauge::new(
+            "edge_flag_waiting",
+            "Reservations waiting for a flagged voucher's order filter",
+        )
+        .expect("static metric definition is valid");
         let rate_limited = IntCounterVec::new(
             Opts::new(
                 "edge_rate_limited_total",
@@ -159,6 +190,9 @@ impl EdgeMetrics {
             Box::new(sold_out_signals.clone()),
             Box::new(flags.clone()),
             Box::new(order_fetches.clone()),
+            Box::new(order_fetch_seconds.clone()),
+            Box::new(flag_waits.clone()),
+            Box::new(flag_waiting.clone()),
             Box::new(rate_limited.clone()),
         ] {
             registry.register(c)?;
@@ -180,6 +214,9 @@ impl EdgeMetrics {
         for outcome in ["stored", "dropped", "not_sold_out", "failed"] {
             order_fetches.with_label_values(&[outcome]);
         }
+        for outcome in ["answered", "forwarded", "timed_out", "full"] {
+            flag_waits.with_label_values(&[outcome]);
+        }
         for by in ["ip", "customer"] {
             rate_limited.with_label_values(&[by]);
         }
@@ -196,6 +233,9 @@ impl EdgeMetrics {
             sold_out_signals,
             flags,
             order_fetches,
+            order_fetch_seconds,
+            flag_waits,
+            flag_waiting,
             rate_limited,
             answers: AnswerSeries::default(),
         }))

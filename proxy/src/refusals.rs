@@ -235,7 +235,12 @@ impl Edge {
         if let Err(by) = self.rate_limits.check_customer(&reserve.customer_id) {
             return Ok(Some(OwnAnswer::RateLimited(by)));
         }
-        let verdict = self.sold_out.verdict(&code, Some(&reserve.order_id));
+        let mut verdict = self.sold_out.verdict(&code, Some(&reserve.order_id));
+        if let Verdict::Wait(settled) = verdict {
+            verdict = self
+                .wait_for_filter(&code, &reserve.order_id, settled)
+                .await;
+        }
         if let Verdict::Refuse {
             renew: Some(id), ..
         } = verdict
@@ -250,6 +255,44 @@ impl Edge {
         // answers cost the cores nothing), and one refused here has not reached a core.
         ctx.admitted = self.admission.acquire().await;
         Ok(ctx.admitted.is_none().then_some(OwnAnswer::Overloaded))
+    }
+
+    /// A reservation that met a new flag whose filter is being fetched waits for it, then
+    /// is decided by it: at most `sold_out_wait`, and at most `sold_out_max_waiting` at a
+    /// time (the rest go on at once, as before the wait existed). What waits is a request
+    /// the edge holds already (its body read, bounded); waiting holds nothing at a core.
+    async fn wait_for_filter(
+        &self,
+        code: &str,
+        order_id: &str,
+        mut settled: tokio::sync::watch::Receiver<()>,
+    ) -> Verdict {
+        let Ok(place) = self.flag_waiters.try_acquire() else {
+            self.metrics.flag_waits.with_label_values(&["full"]).inc();
+            return Verdict::Forward;
+        };
+        let _waiting = Waiting::new(place, &self.metrics.flag_waiting);
+        // Nothing is ever sent: `changed` ends when the fetch drops its end (at once if it
+        // already has).
+        let waited = tokio::time::timeout(self.settings.sold_out_wait, settled.changed()).await;
+        let verdict = match (waited, self.sold_out.verdict(code, Some(order_id))) {
+            (Err(_), _) => {
+                self.metrics
+                    .flag_waits
+                    .with_label_values(&["timed_out"])
+                    .inc();
+                return Verdict::Forward;
+            }
+            // A newer flag's fetch began meanwhile: no second wait.
+            (Ok(_), Verdict::Wait(_)) => Verdict::Forward,
+            (Ok(_), verdict) => verdict,
+        };
+        let outcome = match verdict {
+            Verdict::Refuse { .. } => "answered",
+            _ => "forwarded",
+        };
+        self.metrics.flag_waits.with_label_values(&[outcome]).inc();
+        verdict
     }
 
     /// Writes a complete JSON answer from the edge, keeping the connection alive
@@ -374,4 +417,27 @@ impl Edge {
 
 fn admin_refused(route: &Route) -> Option<OwnAnswer> {
     route.is_admin().then_some(OwnAnswer::AdminRefused)
+}
+
+/// A reservation waiting for an order filter: its place, counted in `edge_flag_waiting`
+/// until it is dropped (the answer came, or the client went away mid-wait).
+struct Waiting<'a> {
+    _place: tokio::sync::SemaphorePermit<'a>,
+    gauge: &'a prometheus::IntGauge,
+}
+
+impl<'a> Waiting<'a> {
+    fn new(place: tokio::sync::SemaphorePermit<'a>, gauge: &'a prometheus::IntGauge) -> Self {
+        gauge.inc();
+        Self {
+            _place: place,
+            gauge,
+        }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
 }

@@ -166,6 +166,11 @@ pub fn build(settings: EdgeSettings) -> anyhow::Result<EdgeServer> {
         request_ids: voucher_contract::request::RequestIds::new(
             uuid::Uuid::new_v4().as_u64_pair().0,
         ),
+        flag_waiters: Arc::new(tokio::sync::Semaphore::new(
+            settings
+                .sold_out_max_waiting
+                .min(tokio::sync::Semaphore::MAX_PERMITS),
+        )),
         admission: admission.clone(),
         draining: draining.clone(),
     };

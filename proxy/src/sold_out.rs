@@ -9,6 +9,10 @@
 //! a flag carries a filter of the orderIds the voucher has reservations for (no false
 //! negatives), fetched from a core when the flag is set. Until it has arrived, nothing is
 //! answered here; a filter read while the gate still had uses left is no flag at all.
+//! Meanwhile the voucher's reservations wait for it ([`Verdict::Wait`], bounded in time and
+//! number by the caller) rather than go on: at a sale's sell-out every one that went on
+//! would be a refusal for a core to look up in PostgreSQL, while the cores are busiest,
+//! and the fetch takes milliseconds (`edge_order_fetch_seconds`).
 //!
 //! New reservations can appear only after a use is given back. Cores announce that on a
 //! Redis channel, and the flag is dropped at once (a filter still being fetched is then
@@ -33,6 +37,7 @@ use std::time::{Duration, Instant};
 
 use moka::ops::compute::Op;
 use moka::sync::Cache;
+use tokio::sync::watch;
 use voucher_contract::order_filter::OrderFilter;
 
 /// Why a flagged voucher takes no new reservation: the answer the edge gives for it, as
@@ -50,8 +55,12 @@ pub enum Refusal {
 /// What the edge knows about a voucher that takes no new reservation.
 #[derive(Debug, Clone)]
 pub enum Flag {
-    /// Order filter being fetched: forward everything meanwhile.
-    Pending { id: u64 },
+    /// Order filter being fetched: reservations wait until `settled` closes (the fetch
+    /// ended, whichever way), then ask again.
+    Pending {
+        id: u64,
+        settled: watch::Receiver<()>,
+    },
     /// Refusing; orderIds the filter may contain have reservations (or are one of its
     /// false positives) and are forwarded. `id` names this flag for its renewal.
     Ready {
@@ -63,9 +72,12 @@ pub enum Flag {
 }
 
 /// The edge's decision for one reservation request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Verdict {
     Forward,
+    /// The voucher's filter is being fetched: wait until this closes, then ask again (a
+    /// caller that cannot wait forwards).
+    Wait(watch::Receiver<()>),
     /// Answered here with `refusal`. `renew`: the flag is due for renewal and this answer
     /// claimed it; the caller fetches a new filter and stores it with
     /// [`SoldOutCache::complete`] under that id.
@@ -117,30 +129,36 @@ impl SoldOutCache {
                 refusal,
                 renew: self.claim_renewal(code, id, stored),
             },
+            (Some(Flag::Pending { settled, .. }), Some(_)) => Verdict::Wait(settled),
             _ => Verdict::Forward,
         }
     }
 
     /// Flags `code` as pending unless it is flagged already or its filter was fetched
-    /// less than `fetch_interval` ago; returns the id the filter must be stored under, or
-    /// `None` (no fetch).
-    pub fn begin(&self, code: &str) -> Option<u64> {
+    /// less than `fetch_interval` ago; returns the fetch the filter must be stored under,
+    /// or `None` (no fetch). Reservations waiting for the filter go on asking once the
+    /// [`Fetch`] is dropped: the fetch holds it until it has stored or dropped the flag.
+    pub fn begin(&self, code: &str) -> Option<Fetch> {
         if self.fetched.contains_key(code) {
             return None;
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (settle, settled) = watch::channel(());
         let result =
             self.flags
                 .entry(code.to_owned())
                 .and_compute_with(|existing| match existing {
                     Some(_) => Op::Nop,
-                    None => Op::Put(Flag::Pending { id }),
+                    None => Op::Put(Flag::Pending { id, settled }),
                 });
         let inserted = matches!(result, moka::ops::compute::CompResult::Inserted(_));
         if inserted {
             self.fetched.insert(code.to_owned(), ());
         }
-        inserted.then_some(id)
+        inserted.then_some(Fetch {
+            id,
+            _settle: settle,
+        })
     }
 
     /// Stores the filter fetched for flag `id`, answering `refusal`, unless the flag was
@@ -211,15 +229,43 @@ impl SoldOutCache {
     }
 }
 
+/// A new flag's fetch of its filter: the id to store it under. Dropping it (after the
+/// filter was stored or the flag dropped) releases the reservations waiting on the flag.
+#[derive(Debug)]
+pub struct Fetch {
+    pub id: u64,
+    /// Never sent on: its drop closes the channel, which is what waiters wait for.
+    _settle: watch::Sender<()>,
+}
+
 fn flag_id(flag: &Flag) -> u64 {
     match flag {
-        Flag::Pending { id } | Flag::Ready { id, .. } => *id,
+        Flag::Pending { id, .. } | Flag::Ready { id, .. } => *id,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A verdict, comparable.
+    #[derive(Debug, PartialEq)]
+    enum Answer {
+        Forward,
+        Wait,
+        Refuse {
+            refusal: Refusal,
+            renew: Option<u64>,
+        },
+    }
+
+    fn answer(c: &SoldOutCache, code: &str, order: Option<&str>) -> Answer {
+        match c.verdict(code, order) {
+            Verdict::Forward => Answer::Forward,
+            Verdict::Wait(_) => Answer::Wait,
+            Verdict::Refuse { refusal, renew } => Answer::Refuse { refusal, renew },
+        }
+    }
 
     fn cache() -> SoldOutCache {
         SoldOutCache::new(Duration::from_secs(60), Duration::from_millis(1), 100)
@@ -237,54 +283,81 @@ mod tests {
     }
 
     #[test]
-    fn forwards_until_the_order_list_arrives_then_answers_newcomers() {
+    fn waits_until_the_order_list_arrives_then_answers_newcomers() {
         let c = cache();
-        assert_eq!(c.verdict("V", Some("o1")), Verdict::Forward);
-        let id = c.begin("V").expect("first flag");
+        assert_eq!(answer(&c, "V", Some("o1")), Answer::Forward);
+        let id = c.begin("V").expect("first flag").id;
         assert!(c.begin("V").is_none(), "one flag per code");
         assert_eq!(
-            c.verdict("V", Some("o9")),
-            Verdict::Forward,
-            "pending: forward"
+            answer(&c, "V", Some("o9")),
+            Answer::Wait,
+            "pending: wait for the filter"
         );
         assert!(c.complete("V", id, filter(&["o1"]), Refusal::SoldOut));
         assert_eq!(
-            c.verdict("V", Some("o1")),
-            Verdict::Forward,
+            answer(&c, "V", Some("o1")),
+            Answer::Forward,
             "a holder's retry passes"
         );
         assert_eq!(
-            c.verdict("V", Some("o9")),
-            Verdict::Refuse {
+            answer(&c, "V", Some("o9")),
+            Answer::Refuse {
                 refusal: Refusal::SoldOut,
                 renew: None
             }
         );
         assert_eq!(
-            c.verdict("V", None),
-            Verdict::Forward,
+            answer(&c, "V", None),
+            Answer::Forward,
             "unreadable body: the core decides"
         );
-        assert_eq!(c.verdict("W", Some("o9")), Verdict::Forward);
+        assert_eq!(answer(&c, "W", Some("o9")), Answer::Forward);
+    }
+
+    #[tokio::test]
+    async fn waiters_are_released_when_the_fetch_ends_whichever_way() {
+        let c = cache();
+        let fetch = c.begin("V").expect("flag");
+        let Verdict::Wait(mut settled) = c.verdict("V", Some("o9")) else {
+            panic!("pending: wait");
+        };
+        assert!(
+            settled.has_changed().is_ok(),
+            "open while the fetch is under way"
+        );
+        assert!(c.complete("V", fetch.id, filter(&["o1"]), Refusal::SoldOut));
+        drop(fetch);
+        assert!(settled.changed().await.is_err(), "closed: ask again");
+        assert!(matches!(c.verdict("V", Some("o9")), Verdict::Refuse { .. }));
+        after_interval();
+        c.clear("V");
+        let failed = c.begin("W").expect("another flag");
+        let Verdict::Wait(mut settled) = c.verdict("W", Some("o9")) else {
+            panic!("pending: wait");
+        };
+        c.abandon("W", failed.id);
+        drop(failed);
+        assert!(settled.changed().await.is_err());
+        assert_eq!(answer(&c, "W", Some("o9")), Answer::Forward, "no flag");
     }
 
     #[test]
     fn a_list_fetched_for_a_dropped_flag_is_not_stored() {
         let c = cache();
-        let id = c.begin("V").expect("flag");
+        let id = c.begin("V").expect("flag").id;
         c.clear("V"); // a use was given back meanwhile
         assert!(!c.complete("V", id, filter(&[]), Refusal::SoldOut));
-        assert_eq!(c.verdict("V", Some("o9")), Verdict::Forward);
+        assert_eq!(answer(&c, "V", Some("o9")), Answer::Forward);
         after_interval();
-        let newer = c.begin("V").expect("new flag");
+        let newer = c.begin("V").expect("new flag").id;
         c.abandon("V", id);
         assert!(
             c.complete("V", newer, filter(&[]), Refusal::SoldOut),
             "an old failure does not drop a newer flag"
         );
         assert_eq!(
-            c.verdict("V", Some("o9")),
-            Verdict::Refuse {
+            answer(&c, "V", Some("o9")),
+            Answer::Refuse {
                 refusal: Refusal::SoldOut,
                 renew: None
             }
@@ -294,25 +367,25 @@ mod tests {
     #[test]
     fn flags_expire_with_their_ttl() {
         let c = SoldOutCache::new(Duration::from_millis(30), Duration::from_millis(1), 100);
-        let id = c.begin("V").expect("flag");
+        let id = c.begin("V").expect("flag").id;
         c.complete("V", id, filter(&[]), Refusal::SoldOut);
         assert_eq!(
-            c.verdict("V", Some("o9")),
-            Verdict::Refuse {
+            answer(&c, "V", Some("o9")),
+            Answer::Refuse {
                 refusal: Refusal::SoldOut,
                 renew: None
             }
         );
         std::thread::sleep(Duration::from_millis(60));
-        assert_eq!(c.verdict("V", Some("o9")), Verdict::Forward);
+        assert_eq!(answer(&c, "V", Some("o9")), Answer::Forward);
     }
 
     /// A newcomer's answer from the flag of `code`, which must be sold out: the renewal
     /// that answer claimed, if any.
     fn renewal_claimed(c: &SoldOutCache, code: &str) -> Option<u64> {
-        match c.verdict(code, Some("newcomer")) {
-            Verdict::Refuse { renew, .. } => renew,
-            Verdict::Forward => panic!("{code} is not answered as sold out"),
+        match answer(c, code, Some("newcomer")) {
+            Answer::Refuse { renew, .. } => renew,
+            other => panic!("{code} is not answered as sold out: {other:?}"),
         }
     }
 
@@ -322,7 +395,7 @@ mod tests {
         // deadline (the 500 ms fetch interval, which makes a renewal single-flight, is over
         // when the flag is due).
         let c = SoldOutCache::new(Duration::from_secs(2), Duration::from_millis(500), 100);
-        let id = c.begin("V").expect("flag");
+        let id = c.begin("V").expect("flag").id;
         assert!(c.complete("V", id, filter(&["o1"]), Refusal::SoldOut));
         assert_eq!(
             renewal_claimed(&c, "V"),
@@ -338,8 +411,8 @@ mod tests {
         );
         assert!(c.complete("V", ready, filter(&["o1", "o2"]), Refusal::SoldOut));
         assert_eq!(
-            c.verdict("V", Some("o2")),
-            Verdict::Forward,
+            answer(&c, "V", Some("o2")),
+            Answer::Forward,
             "the new filter answers"
         );
         std::thread::sleep(Duration::from_millis(1200));
@@ -353,14 +426,14 @@ mod tests {
     #[test]
     fn a_renewal_finding_uses_left_or_racing_a_give_back_leaves_no_flag() {
         let c = SoldOutCache::new(Duration::from_secs(2), Duration::from_millis(1), 100);
-        let id = c.begin("V").expect("flag");
+        let id = c.begin("V").expect("flag").id;
         c.complete("V", id, filter(&[]), Refusal::SoldOut);
         std::thread::sleep(Duration::from_millis(1200));
         let ready = renewal_claimed(&c, "V").expect("due");
         c.abandon("V", ready); // the fetched filter had uses left
-        assert_eq!(c.verdict("V", Some("o9")), Verdict::Forward);
+        assert_eq!(answer(&c, "V", Some("o9")), Answer::Forward);
         after_interval();
-        let id = c.begin("V").expect("a new flag");
+        let id = c.begin("V").expect("a new flag").id;
         c.complete("V", id, filter(&[]), Refusal::SoldOut);
         std::thread::sleep(Duration::from_millis(1200));
         let ready = renewal_claimed(&c, "V").expect("due");
@@ -369,13 +442,13 @@ mod tests {
             !c.complete("V", ready, filter(&[]), Refusal::SoldOut),
             "never stored"
         );
-        assert_eq!(c.verdict("V", Some("o9")), Verdict::Forward);
+        assert_eq!(answer(&c, "V", Some("o9")), Answer::Forward);
     }
 
     #[test]
     fn one_fetch_per_voucher_per_interval_whatever_clients_do() {
         let c = SoldOutCache::new(Duration::from_secs(60), Duration::from_secs(60), 100);
-        let id = c.begin("V").expect("first flag");
+        let id = c.begin("V").expect("first flag").id;
         c.abandon("V", id); // the fetch failed
         for _ in 0..1_000 {
             assert!(

@@ -1187,3 +1187,106 @@ async fn a_raised_limit_drops_the_sold_out_flag_at_the_edge_at_once() {
         ])
         .await;
 }
+
+/// A reservation that meets a new flag while its order filter is being fetched waits for
+/// the filter and is answered by it, at the edge, instead of going on to a core: at a
+/// sell-out those would all be refusals for the cores to look up while they are busiest.
+/// The fetch is held up by PostgreSQL itself (a lock on the table the filter reads, as a
+/// migration would take), so the order of events is the test's, not the clock's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reservation_waits_for_the_filter_being_fetched_and_is_answered_at_the_edge() {
+    let stack = FlashStack::builder()
+        .cores(2)
+        .edge(
+            env!("CARGO_BIN_EXE_voucher-edge"),
+            Duration::from_millis(500),
+        )
+        .edge_env("EDGE__ORDER_FETCH_INTERVAL", "100ms")
+        .edge_env("EDGE__SOLD_OUT_WAIT", "30s")
+        .start()
+        .await;
+    let channel = voucher_contract::sold_out_channel(stack.key_prefix());
+    voucher_testkit::stack::until_subscribed(voucher_testkit::stack::REDIS_URL, &channel).await;
+    stack.app().given_voucher(flash_voucher("HELD", 1, 1)).await;
+    let core = stack.app();
+    let first = core.reserve("HELD", "c0", "o0", 100_000).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let edge = stack.edge();
+    // The flag its announcement set lapses (nothing renews it): the edge knows nothing of
+    // the voucher again.
+    eventually(
+        Duration::from_secs(10),
+        "the first filter stored",
+        || async {
+            let m = edge.metrics().await;
+            (m.sum("edge_order_filter_fetches_total", &[("outcome", "stored")]) >= 1.0)
+                .then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+
+    let pool = sqlx::PgPool::connect(&stack.db.url).await.expect("db");
+    let mut lock = pool.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE redemptions IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .expect("lock");
+    // The gate's announcement again, as its reserve script sends it: a new flag, whose
+    // fetch now waits on the lock.
+    let signals = edge.metrics().await.sum("edge_sold_out_signals_total", &[]);
+    let mut redis = redis::Client::open(voucher_testkit::stack::REDIS_URL)
+        .expect("redis url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg(&channel)
+        .arg("HELD")
+        .query_async(&mut redis)
+        .await
+        .expect("publish");
+    eventually(
+        Duration::from_secs(10),
+        "the announcement heard",
+        || async {
+            let m = edge.metrics().await;
+            (m.sum("edge_sold_out_signals_total", &[]) > signals).then_some(())
+        },
+    )
+    .await;
+    let at_core_before = core_reservations(&stack).await;
+    let late = {
+        let api = edge.api.clone();
+        tokio::spawn(async move { api.reserve("HELD", "late", "late-1", 100_000).await })
+    };
+    eventually(
+        Duration::from_secs(10),
+        "the late order waiting",
+        || async {
+            let m = edge.metrics().await;
+            (m.sum("edge_flag_waiting", &[]) >= 1.0).then_some(())
+        },
+    )
+    .await;
+    lock.commit().await.expect("unlock");
+
+    let late = late.await.expect("request task");
+    assert!(
+        late.headers().get(headers::SERVED_BY).is_some(),
+        "answered by the edge, from the filter it waited for"
+    );
+    assert_error(late, StatusCode::CONFLICT, "OUT_OF_STOCK").await;
+    assert_eq!(
+        core_reservations(&stack).await,
+        at_core_before,
+        "no core saw it"
+    );
+    let m = edge.metrics().await;
+    assert_eq!(
+        m.sum("edge_flag_waits_total", &[("outcome", "answered")]),
+        1.0
+    );
+    assert_eq!(m.sum("edge_flag_waiting", &[]), 0.0);
+    stack.finish(&[Accepted::new("HELD", "c0", "o0")]).await;
+}
