@@ -51,6 +51,10 @@ pub struct EdgeSettings {
     pub sold_out_wait: Duration,
     /// Reservations waiting for order filters at once, at most; the rest go on at once.
     pub sold_out_max_waiting: usize,
+    /// One voucher's reservations this edge has at the cores at once, at most (0: no
+    /// bound); the next wait up to `admission.queue_timeout` for a place, asking the
+    /// voucher's flag again once they have it, then get `503 OVERLOADED` (`places`).
+    pub voucher_in_flight: usize,
     /// A voucher's order filter is fetched from a core at most once per this interval,
     /// whatever clients send (give-backs drop flags; each new flag would fetch again).
     #[serde(with = "humantime_serde")]
@@ -149,6 +153,7 @@ impl Default for EdgeSettings {
             sold_out_ttl: Duration::from_secs(2),
             sold_out_wait: Duration::from_millis(50),
             sold_out_max_waiting: 4096,
+            voucher_in_flight: 256,
             order_fetch_interval: Duration::from_secs(1),
             rate_limit: RateLimitSettings::default(),
             cache_capacity: 100_000,

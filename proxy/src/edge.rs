@@ -31,6 +31,8 @@ pub struct Edge {
     pub flagger: Flagger,
     /// Ids of requests that came without a valid one.
     pub request_ids: request::RequestIds,
+    /// Each voucher's places at the cores (`voucher_in_flight`).
+    pub places: crate::places::VoucherPlaces,
     /// Places for reservations waiting on a new flag's filter (`sold_out_max_waiting`).
     pub flag_waiters: Arc<tokio::sync::Semaphore>,
     /// Bounds the reservations the edge has at the cores at once (`admission`).
@@ -61,6 +63,8 @@ pub struct Ctx {
     /// A reservation's place within the admission limit, from its screening until it is
     /// logged (answered or given up).
     pub(crate) admitted: Option<voucher_admission::Permit>,
+    /// A reservation's place among its voucher's at the cores (`places`), held as long.
+    pub(crate) voucher_place: Option<tokio::sync::OwnedSemaphorePermit>,
     /// The request's span (`traces`); disabled while tracing is off, and for probes.
     pub(crate) span: tracing::Span,
 }
@@ -122,6 +126,7 @@ impl ProxyHttp for Edge {
             failed: Vec::new(),
             request_id: String::new(),
             admitted: None,
+            voucher_place: None,
             span: tracing::Span::none(),
         }
     }
@@ -277,6 +282,7 @@ impl ProxyHttp for Edge {
         if let Some(permit) = ctx.admitted.take() {
             permit.complete();
         }
+        ctx.voucher_place = None;
         let elapsed = ctx.started.elapsed();
         // Status 0: nothing was answered (the client went away first).
         let status = session.response_written().map_or(0, |r| r.status.as_u16());

@@ -9,6 +9,8 @@
 //! - `refusals`: every answer the edge gives itself, as the named steps of `request_filter`;
 //! - [`sold_out`]: the flags and the order lists that let retries of holders through;
 //! - [`flagging`]: starts and renews a flag, fetching its order filter from a core;
+//! - [`places`]: how many of one voucher's reservations are at the cores at once, so a
+//!   sale's burst queues here, where the flag can answer it, rather than inside the cores;
 //! - [`signals`]: drops a flag at once when a core announces a use given back (or a resume,
 //!   or a raised limit), and starts one when a core announces that a voucher stopped
 //!   taking new reservations;
@@ -26,6 +28,7 @@ pub mod discovery;
 pub mod edge;
 pub mod flagging;
 pub mod metrics;
+pub mod places;
 pub mod rate_limit;
 mod refusals;
 pub mod server;

@@ -44,8 +44,14 @@ pub struct EdgeMetrics {
     /// or no flag after all), `timed_out` (waited `sold_out_wait`, then sent on), `full`
     /// (`sold_out_max_waiting` were waiting already: sent on at once).
     pub flag_waits: IntCounterVec,
+    /// Reservations that waited for a place among their voucher's at the cores
+    /// (`voucher_in_flight`), by what came of it: `placed` (went on), `answered` (the flag
+    /// refused it once it had its place), `timed_out` (503 OVERLOADED).
+    pub voucher_place_waits: IntCounterVec,
     /// Reservations waiting for an order filter now.
     pub flag_waiting: IntGauge,
+    /// Reservations waiting for a place among their voucher's at the cores now.
+    pub voucher_place_waiting: IntGauge,
     /// Requests refused for a client over its rate, by what was counted (ip, customer).
     pub rate_limited: IntCounterVec,
     /// Handles of the series every answer counts in (see [`EdgeMetrics::answered`]).
@@ -167,6 +173,19 @@ impl EdgeMetrics {
             &["outcome"],
         )
         .expect("static metric definition is valid");
+        let voucher_place_waits = IntCounterVec::new(
+            Opts::new(
+                "edge_voucher_place_waits_total",
+                "Reservations that waited for a place among their voucher's at the cores, by what came of it",
+            ),
+            &["outcome"],
+        )
+        .expect("static metric definition is valid");
+        let voucher_place_waiting = IntGauge::new(
+            "edge_voucher_place_waiting",
+            "Reservations waiting for a place among their voucher's at the cores",
+        )
+        .expect("static metric definition is valid");
         let flag_waiting = IntGauge::new(
             "edge_flag_waiting",
             "Reservations waiting for a flagged voucher's order filter",
@@ -193,6 +212,8 @@ impl EdgeMetrics {
             Box::new(order_fetch_seconds.clone()),
             Box::new(flag_waits.clone()),
             Box::new(flag_waiting.clone()),
+            Box::new(voucher_place_waits.clone()),
+            Box::new(voucher_place_waiting.clone()),
             Box::new(rate_limited.clone()),
         ] {
             registry.register(c)?;
@@ -217,6 +238,9 @@ impl EdgeMetrics {
         for outcome in ["answered", "forwarded", "timed_out", "full"] {
             flag_waits.with_label_values(&[outcome]);
         }
+        for outcome in ["placed", "answered", "timed_out"] {
+            voucher_place_waits.with_label_values(&[outcome]);
+        }
         for by in ["ip", "customer"] {
             rate_limited.with_label_values(&[by]);
         }
@@ -236,6 +260,8 @@ impl EdgeMetrics {
             order_fetch_seconds,
             flag_waits,
             flag_waiting,
+            voucher_place_waits,
+            voucher_place_waiting,
             rate_limited,
             answers: AnswerSeries::default(),
         }))
@@ -276,5 +302,22 @@ impl EdgeMetrics {
                 .inc(),
             None => self.responses.with_label_values(&[route, class]).inc(),
         }
+    }
+}
+
+/// One more in a gauge while it lives: a wait counted until it ends, however it ends (the
+/// answer came, or the client went away and the request's future was dropped mid-wait).
+pub struct Counted<'a>(&'a IntGauge);
+
+impl<'a> Counted<'a> {
+    pub fn new(gauge: &'a IntGauge) -> Self {
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }

@@ -13,6 +13,8 @@ use voucher_contract::request::{self, ReserveBody, VOUCHER_CODE};
 use voucher_contract::{headers, ErrorCode, Route, RETRY_AFTER_SECS};
 
 use crate::edge::{write_json, Ctx, Edge, EDGE_HEALTH_PATH, EDGE_READINESS_PATH};
+use crate::metrics::Counted;
+use crate::places::Place;
 use crate::rate_limit::Limited;
 use crate::sold_out::{Refusal, Verdict};
 
@@ -235,26 +237,64 @@ impl Edge {
         if let Err(by) = self.rate_limits.check_customer(&reserve.customer_id) {
             return Ok(Some(OwnAnswer::RateLimited(by)));
         }
-        let mut verdict = self.sold_out.verdict(&code, Some(&reserve.order_id));
-        if let Verdict::Wait(settled) = verdict {
-            verdict = self
-                .wait_for_filter(&code, &reserve.order_id, settled)
-                .await;
-        }
-        if let Verdict::Refuse {
-            renew: Some(id), ..
-        } = verdict
-        {
-            self.flagger.renew(&code, id);
-        }
-        ctx.code = Some(code);
-        if let Verdict::Refuse { refusal, .. } = verdict {
+        ctx.code = Some(code.clone());
+        if let Some(refusal) = self.flag_refusal(&code, &reserve.order_id).await {
             return Ok(Some(OwnAnswer::Refused(refusal)));
+        }
+        // A place among the voucher's own at the cores (`places`); one that had to wait for
+        // it asks the flag again, since the gate may have sold out meanwhile.
+        match self
+            .places
+            .take(&code, &self.metrics.voucher_place_waiting)
+            .await
+        {
+            Place::Free(place) => ctx.voucher_place = place,
+            Place::Waited(place) => {
+                ctx.voucher_place = Some(place);
+                let refusal = self.flag_refusal(&code, &reserve.order_id).await;
+                let outcome = if refusal.is_some() {
+                    "answered"
+                } else {
+                    "placed"
+                };
+                self.metrics
+                    .voucher_place_waits
+                    .with_label_values(&[outcome])
+                    .inc();
+                if let Some(refusal) = refusal {
+                    return Ok(Some(OwnAnswer::Refused(refusal)));
+                }
+            }
+            Place::Full => {
+                self.metrics
+                    .voucher_place_waits
+                    .with_label_values(&["timed_out"])
+                    .inc();
+                return Ok(Some(OwnAnswer::Overloaded));
+            }
         }
         // Last: only a reservation that goes to a core takes a place (the edge's own
         // answers cost the cores nothing), and one refused here has not reached a core.
         ctx.admitted = self.admission.acquire().await;
         Ok(ctx.admitted.is_none().then_some(OwnAnswer::Overloaded))
+    }
+
+    /// What the voucher's flag answers `order_id`, if it refuses it: a flag whose filter is
+    /// being fetched is waited for first; an answer that claims the flag's renewal starts it.
+    async fn flag_refusal(&self, code: &str, order_id: &str) -> Option<Refusal> {
+        let mut verdict = self.sold_out.verdict(code, Some(order_id));
+        if let Verdict::Wait(settled) = verdict {
+            verdict = self.wait_for_filter(code, order_id, settled).await;
+        }
+        match verdict {
+            Verdict::Refuse { refusal, renew } => {
+                if let Some(id) = renew {
+                    self.flagger.renew(code, id);
+                }
+                Some(refusal)
+            }
+            Verdict::Forward | Verdict::Wait(_) => None,
+        }
     }
 
     /// A reservation that met a new flag whose filter is being fetched waits for it, then
@@ -271,7 +311,7 @@ impl Edge {
             self.metrics.flag_waits.with_label_values(&["full"]).inc();
             return Verdict::Forward;
         };
-        let _waiting = Waiting::new(place, &self.metrics.flag_waiting);
+        let _waiting = (place, Counted::new(&self.metrics.flag_waiting));
         // Nothing is ever sent: `changed` ends when the fetch drops its end (at once if it
         // already has).
         let waited = tokio::time::timeout(self.settings.sold_out_wait, settled.changed()).await;
@@ -417,27 +457,4 @@ impl Edge {
 
 fn admin_refused(route: &Route) -> Option<OwnAnswer> {
     route.is_admin().then_some(OwnAnswer::AdminRefused)
-}
-
-/// A reservation waiting for an order filter: its place, counted in `edge_flag_waiting`
-/// until it is dropped (the answer came, or the client went away mid-wait).
-struct Waiting<'a> {
-    _place: tokio::sync::SemaphorePermit<'a>,
-    gauge: &'a prometheus::IntGauge,
-}
-
-impl<'a> Waiting<'a> {
-    fn new(place: tokio::sync::SemaphorePermit<'a>, gauge: &'a prometheus::IntGauge) -> Self {
-        gauge.inc();
-        Self {
-            _place: place,
-            gauge,
-        }
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.gauge.dec();
-    }
 }

@@ -166,6 +166,11 @@ pub fn build(settings: EdgeSettings) -> anyhow::Result<EdgeServer> {
         request_ids: voucher_contract::request::RequestIds::new(
             uuid::Uuid::new_v4().as_u64_pair().0,
         ),
+        places: crate::places::VoucherPlaces::new(
+            settings.voucher_in_flight,
+            settings.admission.queue_timeout,
+            settings.cache_capacity,
+        ),
         flag_waiters: Arc::new(tokio::sync::Semaphore::new(
             settings
                 .sold_out_max_waiting

@@ -33,6 +33,18 @@ impl Step {
         self.unmet.is_none() && self.outcome.sustained(100.0)
     }
 
+    /// Why the step was not sustained: its own condition and every shortfall of its
+    /// answers; `None` when it was.
+    pub fn why_not(&self) -> Option<String> {
+        let why: Vec<String> = self
+            .unmet
+            .iter()
+            .cloned()
+            .chain(self.outcome.shortfalls(100.0))
+            .collect();
+        (!why.is_empty()).then(|| why.join("; "))
+    }
+
     /// The step's row of a ladder table (`report::STEP_HEADER`).
     pub fn line(&self) -> String {
         let o = &self.outcome;
@@ -51,8 +63,7 @@ impl Step {
             } else {
                 format!("; {}", self.note)
             },
-            self.unmet
-                .as_ref()
+            self.why_not()
                 .map_or(String::new(), |why| format!("; not sustained: {why}")),
         )
     }

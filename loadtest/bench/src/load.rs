@@ -90,15 +90,43 @@ impl Outcome {
     /// answered with something else than "come back later" (at most 0.1% 503s: a 503 is
     /// not an answer the ladders count as achieved).
     pub fn sustained(&self, p99_limit_ms: f64) -> bool {
+        self.shortfalls(p99_limit_ms).is_empty()
+    }
+
+    /// Why the step was not kept up ([`Outcome::sustained`]): one phrase per condition it
+    /// missed, none when it was.
+    pub fn shortfalls(&self, p99_limit_ms: f64) -> Vec<String> {
+        let mut missed = Vec::new();
         // The rate was offered: answers kept pace with the plan, not just eventually came.
-        let offered_ok =
-            self.achieved_rate() >= 0.97 * self.offered as f64 / self.planned.as_secs_f64();
-        let late_ok = (self.late as f64) <= 0.01 * self.offered as f64;
-        let p99_ok = self
-            .percentile(99.0, |s| s.status != 0)
-            .is_some_and(|p| p < p99_limit_ms);
-        let unavailable_ok = self.count(|s| s.status == 503) * 1000 <= self.completed();
-        offered_ok && late_ok && p99_ok && unavailable_ok && self.errors() == 0
+        let planned_rate = self.offered as f64 / self.planned.as_secs_f64();
+        if self.achieved_rate() < 0.97 * planned_rate {
+            missed.push(format!(
+                "achieved {:.0}/s, under 0.97 of {planned_rate:.0}/s",
+                self.achieved_rate()
+            ));
+        }
+        if (self.late as f64) > 0.01 * self.offered as f64 {
+            missed.push(format!(
+                "{} late starts, more than 1% of {}",
+                self.late, self.offered
+            ));
+        }
+        match self.percentile(99.0, |s| s.status != 0) {
+            Some(p) if p < p99_limit_ms => {}
+            Some(p) => missed.push(format!("p99 {p:.1} ms, not under {p99_limit_ms} ms")),
+            None => missed.push("nothing answered".into()),
+        }
+        let unavailable = self.count(|s| s.status == 503);
+        if unavailable * 1000 > self.completed() {
+            missed.push(format!(
+                "{unavailable} answers of 503, more than 0.1% of {}",
+                self.completed()
+            ));
+        }
+        if self.errors() > 0 {
+            missed.push(format!("{} errors", self.errors()));
+        }
+        missed
     }
 }
 

@@ -1290,3 +1290,88 @@ async fn a_reservation_waits_for_the_filter_being_fetched_and_is_answered_at_the
     assert_eq!(m.sum("edge_flag_waiting", &[]), 0.0);
     stack.finish(&[Accepted::new("HELD", "c0", "o0")]).await;
 }
+
+/// A reservation that waited for a place among its voucher's at the cores asks the flag
+/// again once it has one: the voucher sold out while it waited, so the edge answers it and
+/// no core sees it. One place per voucher; the one at the core is held up by PostgreSQL
+/// (a lock on the table its commit writes), so the order of events is the test's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reservation_that_waited_for_its_place_meets_the_sell_out_at_the_edge() {
+    let stack = FlashStack::builder()
+        .cores(2)
+        .edge(env!("CARGO_BIN_EXE_voucher-edge"), Duration::from_secs(60))
+        .edge_env("EDGE__VOUCHER_IN_FLIGHT", "1")
+        .edge_env("EDGE__ADMISSION__QUEUE_TIMEOUT", "30s")
+        .edge_env("EDGE__SOLD_OUT_WAIT", "30s")
+        .start()
+        .await;
+    let channel = voucher_contract::sold_out_channel(stack.key_prefix());
+    voucher_testkit::stack::until_subscribed(voucher_testkit::stack::REDIS_URL, &channel).await;
+    stack
+        .app()
+        .given_voucher(flash_voucher("PLACE", 2, 1))
+        .await;
+    let edge = stack.edge();
+    let metric = |name: &'static str| async move { edge.metrics().await.sum(name, &[]) };
+
+    let pool = sqlx::PgPool::connect(&stack.db.url).await.expect("db");
+    let mut lock = pool.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE redemptions IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .expect("lock");
+    let send = |customer: &'static str, order: &'static str| {
+        let api = edge.api.clone();
+        tokio::spawn(async move { api.reserve("PLACE", customer, order, 100_000).await })
+    };
+    // The first use, taken by the gate; its commit waits on the lock, holding the place.
+    let first = send("c1", "o1");
+    eventually(Duration::from_secs(10), "the first at a core", || async {
+        (metric("edge_admission_in_flight").await >= 1.0).then_some(())
+    })
+    .await;
+    let second = send("c2", "o2");
+    eventually(Duration::from_secs(10), "the second waiting", || async {
+        (metric("edge_voucher_place_waiting").await >= 1.0).then_some(())
+    })
+    .await;
+    // The last use, taken at a core directly: the gate announces the sell-out, and the
+    // edge's new flag fetches its filter (which waits on the lock too).
+    let last = {
+        let core = stack.app().api.clone();
+        tokio::spawn(async move { core.reserve("PLACE", "c3", "o3", 100_000).await })
+    };
+    eventually(Duration::from_secs(10), "the sell-out heard", || async {
+        (metric("edge_sold_out_signals_total").await >= 1.0).then_some(())
+    })
+    .await;
+    lock.commit().await.expect("unlock");
+
+    for held in [first, last] {
+        let resp = held.await.expect("task");
+        assert_eq!(resp.status(), StatusCode::CREATED);
+    }
+    let second = second.await.expect("task");
+    assert!(
+        second.headers().get(headers::SERVED_BY).is_some(),
+        "answered by the edge once it had its place"
+    );
+    assert_error(second, StatusCode::CONFLICT, "OUT_OF_STOCK").await;
+    assert_eq!(
+        core_reservations(&stack).await,
+        2.0,
+        "the cores saw the first and the last, not the second"
+    );
+    let m = edge.metrics().await;
+    assert_eq!(
+        m.sum("edge_voucher_place_waits_total", &[("outcome", "answered")]),
+        1.0
+    );
+    assert_eq!(m.sum("edge_voucher_place_waiting", &[]), 0.0);
+    stack
+        .finish(&[
+            Accepted::new("PLACE", "c1", "o1"),
+            Accepted::new("PLACE", "c3", "o3"),
+        ])
+        .await;
+}
