@@ -140,7 +140,7 @@ impl Run {
                 o.count(|x| x.status == 409)
             ));
             self.table.push(format!(
-                "| Requests that reached a core after the sell-out | {:.0} | {} requests sent | {:.4} of requests | a new flag forwards until its order list is in; flags in use are renewed before they lapse |",
+                "| Requests that reached a core after the sell-out | {:.0} | {} requests sent | {:.4} of requests | a new flag's requests wait for its order list (sold_out_wait), a voucher's burst for its places at the cores (voucher_in_flight); flags in use are renewed before they lapse |",
                 d.reached_core, o.offered, d.reached_core / o.offered as f64
             ));
             self.table.push(format!(
