@@ -246,6 +246,15 @@ async fn every_dashboard_panel_returns_series_after_a_short_k6_sale() {
     .expect("the summary is JSON");
     assert_eq!(json["issued"], 300, "{json}");
     assert_eq!(json["thresholdsFailed"], serde_json::json!([]), "{json}");
+    // The edge answers the sale's late requests itself now, even those of its sell-out
+    // burst (they wait for the flag's filter or for a place), so a core may refuse none;
+    // one newcomer sent to a core directly gives its refusal panel a series, as a client
+    // that bypasses the edge would.
+    let late = stack
+        .app()
+        .reserve("DASH", "direct", "direct-1", 100_000)
+        .await;
+    assert_eq!(late.status(), reqwest::StatusCode::CONFLICT);
 
     // Every query of every panel, retried while Prometheus scrapes (bounded).
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -1226,12 +1226,7 @@ async fn a_reservation_waits_for_the_filter_being_fetched_and_is_answered_at_the
     .await;
     tokio::time::sleep(Duration::from_millis(700)).await;
 
-    let pool = sqlx::PgPool::connect(&stack.db.url).await.expect("db");
-    let mut lock = pool.begin().await.expect("begin");
-    sqlx::query("LOCK TABLE redemptions IN ACCESS EXCLUSIVE MODE")
-        .execute(&mut *lock)
-        .await
-        .expect("lock");
+    let lock = redemptions_locked(&stack).await;
     // The gate's announcement again, as its reserve script sends it: a new flag, whose
     // fetch now waits on the lock.
     let signals = edge.metrics().await.sum("edge_sold_out_signals_total", &[]);
@@ -1314,12 +1309,7 @@ async fn a_reservation_that_waited_for_its_place_meets_the_sell_out_at_the_edge(
     let edge = stack.edge();
     let metric = |name: &'static str| async move { edge.metrics().await.sum(name, &[]) };
 
-    let pool = sqlx::PgPool::connect(&stack.db.url).await.expect("db");
-    let mut lock = pool.begin().await.expect("begin");
-    sqlx::query("LOCK TABLE redemptions IN ACCESS EXCLUSIVE MODE")
-        .execute(&mut *lock)
-        .await
-        .expect("lock");
+    let lock = redemptions_locked(&stack).await;
     let send = |customer: &'static str, order: &'static str| {
         let api = edge.api.clone();
         tokio::spawn(async move { api.reserve("PLACE", customer, order, 100_000).await })
@@ -1374,4 +1364,17 @@ async fn a_reservation_that_waited_for_its_place_meets_the_sell_out_at_the_edge(
             Accepted::new("PLACE", "c3", "o3"),
         ])
         .await;
+}
+
+/// The stack's reservation rows locked against every reader and writer (as a migration's
+/// `ALTER TABLE` would), until the returned transaction commits: what reads or writes them
+/// (a commit, an order filter, a lookup) waits, and the test decides when it goes on.
+async fn redemptions_locked(stack: &FlashStack) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let pool = sqlx::PgPool::connect(&stack.db.url).await.expect("db");
+    let mut lock = pool.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE redemptions IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .expect("lock");
+    lock
 }
