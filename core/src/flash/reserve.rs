@@ -71,8 +71,11 @@ impl FlashPath {
                     self.trigger_rebuild(voucher.clone());
                     return Err(Error::unavailable("voucher gate (rebuilding)"));
                 }
-                GateDecision::Reserved(record, generation) => {
-                    return self.publish_new(voucher, request, record, generation).await
+                GateDecision::Reserved(record, generation, left) => {
+                    return self
+                        .publish_new(voucher, request, record, generation)
+                        .await
+                        .map(|outcome| outcome.with_left(left))
                 }
                 GateDecision::Exists(record, generation) => {
                     let row = self.inner.lookups.find(&request.order_id).await?;
@@ -150,6 +153,7 @@ impl FlashPath {
             Ok(()) => Ok(ReserveOutcome::Reserved(
                 self.acknowledged(request, record, MarkAlso::Nothing)
                     .await?,
+                None,
             )),
             Err(e) => {
                 let certainly_not_written = matches!(e, PublishError::NotWritten(_));
@@ -278,7 +282,7 @@ impl FlashPath {
         let reservation = decided.reservation(&request.voucher_code, &request.order_id)?;
         self.publish_afterwards(request, &decided);
         Ok(match attempt {
-            Attempt::First => ReserveOutcome::Reserved(reservation),
+            Attempt::First => ReserveOutcome::Reserved(reservation, None),
             Attempt::Retry => ReserveOutcome::Retried(reservation),
         })
     }

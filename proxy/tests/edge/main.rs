@@ -1378,3 +1378,76 @@ async fn redemptions_locked(stack: &FlashStack) -> sqlx::Transaction<'static, sq
         .expect("lock");
     lock
 }
+
+/// A core's 201 says how many uses the gate has left, and the edge then sends no more of
+/// the voucher's reservations to the cores at once than that (whatever `voucher_in_flight`
+/// allows), and never passes the count on to the client. The requests at the cores are a
+/// holder's retries held up by PostgreSQL (a lock on the table their lookups read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_uses_left_bound_a_vouchers_reservations_at_the_cores() {
+    let stack = FlashStack::builder()
+        .cores(2)
+        .edge(env!("CARGO_BIN_EXE_voucher-edge"), Duration::from_secs(60))
+        .edge_env("EDGE__ADMISSION__QUEUE_TIMEOUT", "30s")
+        .start()
+        .await;
+    stack.app().given_voucher(flash_voucher("FEW", 5, 1)).await;
+    let edge = stack.edge();
+    let first = edge.api.reserve("FEW", "c0", "o0", 100_000).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert!(
+        first.headers().get(headers::VOUCHER_REMAINING).is_none(),
+        "the count is the edge's, not the client's"
+    );
+    let metric = |name: &'static str| async move { edge.metrics().await.sum(name, &[]) };
+
+    let lock = redemptions_locked(&stack).await;
+    // Four uses left: four retries at the cores fill the voucher's places.
+    let retries: Vec<_> = (0..4)
+        .map(|_| {
+            let api = edge.api.clone();
+            tokio::spawn(async move { api.reserve("FEW", "c0", "o0", 100_000).await })
+        })
+        .collect();
+    eventually(Duration::from_secs(10), "four at the cores", || async {
+        (metric("edge_admission_in_flight").await >= 4.0).then_some(())
+    })
+    .await;
+    let newcomer = {
+        let api = edge.api.clone();
+        tokio::spawn(async move { api.reserve("FEW", "c1", "o1", 100_000).await })
+    };
+    eventually(Duration::from_secs(10), "the newcomer waiting", || async {
+        (metric("edge_voucher_place_waiting").await >= 1.0).then_some(())
+    })
+    .await;
+    lock.commit().await.expect("unlock");
+
+    for retry in retries {
+        // The retries' lookups have a deadline of their own (2 s): a loaded machine may
+        // answer them 503, which is a correct answer to a retry too.
+        let status = retry.await.expect("task").status();
+        assert!(
+            status == StatusCode::CREATED || status == StatusCode::SERVICE_UNAVAILABLE,
+            "{status}"
+        );
+    }
+    let newcomer = newcomer.await.expect("task");
+    assert_eq!(
+        newcomer.status(),
+        StatusCode::CREATED,
+        "placed, then served"
+    );
+    assert_eq!(
+        edge.metrics()
+            .await
+            .sum("edge_voucher_place_waits_total", &[("outcome", "placed")]),
+        1.0
+    );
+    stack
+        .finish(&[
+            Accepted::new("FEW", "c0", "o0"),
+            Accepted::new("FEW", "c1", "o1"),
+        ])
+        .await;
+}

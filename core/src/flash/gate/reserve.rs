@@ -14,8 +14,9 @@ pub enum GateDecision {
     NotLoaded,
     /// This orderId already has a record: answer from it.
     Exists(OrderRecord, Generation),
-    /// A use was taken; its record is Pending until the event is acknowledged.
-    Reserved(OrderRecord, Generation),
+    /// A use was taken; its record is Pending until the event is acknowledged. With the
+    /// uses left after it, when the script said (an older script did not).
+    Reserved(OrderRecord, Generation, Option<u64>),
     Refused(Refusal),
 }
 
@@ -125,7 +126,11 @@ impl Gate {
         Ok(match outcome {
             "NOT_LOADED" => GateDecision::NotLoaded,
             "EXISTS" => GateDecision::Exists(record()?, generation()?),
-            "RESERVED" => GateDecision::Reserved(record()?, generation()?),
+            "RESERVED" => GateDecision::Reserved(
+                record()?,
+                generation()?,
+                reply.get(3).and_then(|left| left.parse().ok()),
+            ),
             "NOT_STARTED" => GateDecision::Refused(Refusal::NotStarted),
             "EXPIRED" => GateDecision::Refused(Refusal::Expired),
             "BELOW_MIN_ORDER" => GateDecision::Refused(Refusal::BelowMinOrder),
