@@ -48,10 +48,6 @@ pub mod headers {
     /// with the filter, so that an edge knows whether the filter's answer is OUT_OF_STOCK
     /// or VOUCHER_PAUSED (VOUCHER_ARCHIVED).
     pub const VOUCHER_STATE: &str = "x-voucher-state";
-    /// On a flash 201 that took a new use: the uses the gate had left after it. Between
-    /// core and edge only (the edge bounds the voucher's requests at the cores by it, and
-    /// does not pass it on); a client calling a core directly sees it.
-    pub const VOUCHER_REMAINING: &str = "x-voucher-remaining";
 }
 
 /// The `Retry-After` of every 503, edge and core alike.

@@ -236,7 +236,7 @@ impl VoucherService {
             }
         };
         let outcome = match &result {
-            Ok(ReserveOutcome::Reserved(..)) => "reserved",
+            Ok(ReserveOutcome::Reserved(_)) => "reserved",
             Ok(ReserveOutcome::Retried(_)) => "retried",
             Err(e) => e.code(),
         };

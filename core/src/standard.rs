@@ -185,7 +185,7 @@ fn answers_of(batch: Vec<Reservation>, result: BatchResult) -> Vec<Result<Reserv
                 reservation.reserved_at = written.reserved_at;
                 reservation.expires_at = written.expires_at;
                 reservation.discount_amount = written.discount_amount;
-                Ok(ReserveOutcome::Reserved(reservation, None))
+                Ok(ReserveOutcome::Reserved(reservation))
             })
         })
         .collect()

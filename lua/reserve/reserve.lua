@@ -6,8 +6,6 @@
 -- Returns {OUTCOME}, or {OUTCOME, record, generation} for EXISTS and RESERVED: the gate's
 -- generation (of the PostgreSQL read it was loaded from, or a later one it was handed),
 -- which must still be the voucher's latest when the use is written (store::record_decided).
--- RESERVED also returns the uses left after this one (the core passes it to the edge,
--- which bounds the voucher's requests at the cores by it).
 -- Time is Redis's own (TIME), never the caller's: every core decides the sale window and
 -- the TTL by the same clock, however far its own is off.
 local meta = redis.call('HMGET', KEYS[1], 'per_user_limit', 'starts_ms', 'ends_ms', 'min_order', 'discount', 'generation', 'state')
@@ -52,4 +50,4 @@ redis.call('ZADD', KEYS[5], now, ARGV[1])
 if left == 0 and ARGV[5] and ARGV[6] then
   redis.call('PUBLISH', ARGV[5], ARGV[6])
 end
-return {'RESERVED', record, meta[6], tostring(left)}
+return {'RESERVED', record, meta[6]}

@@ -52,9 +52,8 @@ pub struct EdgeSettings {
     /// Reservations waiting for order filters at once, at most; the rest go on at once.
     pub sold_out_max_waiting: usize,
     /// One voucher's reservations this edge has at the cores at once, at most (0: no
-    /// bound), and no more than the uses a core last said the voucher had left (within
-    /// `sold_out_ttl`); the next wait up to `admission.queue_timeout` for a place, asking
-    /// the voucher's flag again once they have it, then get `503 OVERLOADED` (`places`).
+    /// bound); the next wait up to `admission.queue_timeout` for a place, asking the
+    /// voucher's flag again once they have it, then get `503 OVERLOADED` (`places`).
     pub voucher_in_flight: usize,
     /// A voucher's order filter is fetched from a core at most once per this interval,
     /// whatever clients send (give-backs drop flags; each new flag would fetch again).

@@ -64,7 +64,7 @@ pub struct Ctx {
     /// logged (answered or given up).
     pub(crate) admitted: Option<voucher_admission::Permit>,
     /// A reservation's place among its voucher's at the cores (`places`), held as long.
-    pub(crate) voucher_place: Option<crate::places::Held>,
+    pub(crate) voucher_place: Option<tokio::sync::OwnedSemaphorePermit>,
     /// The request's span (`traces`); disabled while tracing is off, and for probes.
     pub(crate) span: tracing::Span,
 }
@@ -218,13 +218,6 @@ impl ProxyHttp for Edge {
         // The core echoes it already; a core that did not still gets the client its id.
         if response.headers.get(headers::REQUEST_ID).is_none() {
             response.insert_header(headers::REQUEST_ID, &ctx.request_id)?;
-        }
-        // A new use's count of uses left is for this edge, not for the client.
-        if let Some(left) = response.remove_header(headers::VOUCHER_REMAINING) {
-            let left = left.to_str().ok().and_then(|v| v.parse::<u64>().ok());
-            if let (Some(code), Some(left)) = (&ctx.code, left) {
-                self.places.heard_left(code, left);
-            }
         }
         if let (Some(code), true) = (&ctx.code, self.settings.sold_out_answers) {
             let refusing = response.status.as_u16() == 409

@@ -147,12 +147,6 @@ pub fn build(settings: EdgeSettings) -> anyhow::Result<EdgeServer> {
         settings.cache_capacity,
     );
     let upstreams = health.task();
-    let places = crate::places::VoucherPlaces::new(
-        settings.voucher_in_flight,
-        settings.admission.queue_timeout,
-        settings.sold_out_ttl,
-        settings.cache_capacity,
-    );
     let flagger = Flagger {
         sold_out: sold_out.clone(),
         upstreams: upstreams.clone(),
@@ -172,7 +166,11 @@ pub fn build(settings: EdgeSettings) -> anyhow::Result<EdgeServer> {
         request_ids: voucher_contract::request::RequestIds::new(
             uuid::Uuid::new_v4().as_u64_pair().0,
         ),
-        places: places.clone(),
+        places: crate::places::VoucherPlaces::new(
+            settings.voucher_in_flight,
+            settings.admission.queue_timeout,
+            settings.cache_capacity,
+        ),
         flag_waiters: Arc::new(tokio::sync::Semaphore::new(
             settings
                 .sold_out_max_waiting
@@ -216,7 +214,6 @@ pub fn build(settings: EdgeSettings) -> anyhow::Result<EdgeServer> {
                     .sold_out_answers
                     .then(|| settings.sold_out_channel()),
                 flagger,
-                places,
             },
         ));
     }

@@ -16,7 +16,6 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
 use crate::flagging::Flagger;
-use crate::places::VoucherPlaces;
 
 pub struct AvailabilitySignals {
     /// One Redis, or nodes of one cluster, tried in turn.
@@ -25,8 +24,6 @@ pub struct AvailabilitySignals {
     /// Listened to only where the edge answers for sold-out vouchers.
     pub sold_out_channel: Option<String>,
     pub flagger: Flagger,
-    /// A give-back makes the cores' last count of a voucher's uses left stale.
-    pub places: VoucherPlaces,
 }
 
 impl AvailabilitySignals {
@@ -39,7 +36,6 @@ impl AvailabilitySignals {
         // Announcements sent while the edge was not subscribed are lost: no flag from
         // before can be trusted to hide every holder.
         self.flagger.sold_out.clear_all();
-        self.places.forget_all_left();
         let mut messages = pubsub.on_message();
         while let Some(message) = messages.next().await {
             let code: String = message.get_payload()?;
@@ -50,7 +46,6 @@ impl AvailabilitySignals {
                 self.flagger.metrics.sold_out_signals.inc();
             } else {
                 self.flagger.sold_out.clear(&code);
-                self.places.forget_left(&code);
                 self.flagger.metrics.availability_signals.inc();
             }
         }

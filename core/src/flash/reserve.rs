@@ -71,11 +71,8 @@ impl FlashPath {
                     self.trigger_rebuild(voucher.clone());
                     return Err(Error::unavailable("voucher gate (rebuilding)"));
                 }
-                GateDecision::Reserved(record, generation, left) => {
-                    return self
-                        .publish_new(voucher, request, record, generation)
-                        .await
-                        .map(|outcome| outcome.with_left(left))
+                GateDecision::Reserved(record, generation) => {
+                    return self.publish_new(voucher, request, record, generation).await
                 }
                 GateDecision::Exists(record, generation) => {
                     let row = self.inner.lookups.find(&request.order_id).await?;
@@ -153,7 +150,6 @@ impl FlashPath {
             Ok(()) => Ok(ReserveOutcome::Reserved(
                 self.acknowledged(request, record, MarkAlso::Nothing)
                     .await?,
-                None,
             )),
             Err(e) => {
                 let certainly_not_written = matches!(e, PublishError::NotWritten(_));
@@ -282,7 +278,7 @@ impl FlashPath {
         let reservation = decided.reservation(&request.voucher_code, &request.order_id)?;
         self.publish_afterwards(request, &decided);
         Ok(match attempt {
-            Attempt::First => ReserveOutcome::Reserved(reservation, None),
+            Attempt::First => ReserveOutcome::Reserved(reservation),
             Attempt::Retry => ReserveOutcome::Retried(reservation),
         })
     }

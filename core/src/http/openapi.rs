@@ -89,11 +89,6 @@ fn component_headers(codes: Vec<Value>) -> Value {
             "required": false,
             "schema": {"type": "string", "enum": ["true"]},
         },
-        "VoucherRemaining": {
-            "description": "On a flash 201 that took a new use: the uses the voucher had left after it. For the edge (which bounds a voucher's requests at the cores by it and does not pass it on); absent on retries and in standard mode.",
-            "required": false,
-            "schema": {"type": "integer", "minimum": 0},
-        },
         "ServedBy": {
             "description": "`edge` when the edge answered without asking a core.",
             "required": false,
@@ -214,10 +209,6 @@ fn complete_operation(path: &str, method: &str, operation: &mut Value) {
             headers.insert(
                 headers::IDEMPOTENT_REPLAYED.into(),
                 header_ref("IdempotentReplayed"),
-            );
-            headers.insert(
-                headers::VOUCHER_REMAINING.into(),
-                header_ref("VoucherRemaining"),
             );
         }
         if let Some(binary) = response

@@ -20,7 +20,6 @@ use crate::Result;
 
 /// Set on a 201 that answers a retry: nothing was consumed.
 const REPLAYED_HEADER: HeaderName = HeaderName::from_static(headers::IDEMPOTENT_REPLAYED);
-const REMAINING_HEADER: HeaderName = HeaderName::from_static(headers::VOUCHER_REMAINING);
 
 /// A request to hold one use of the voucher for an order: the document's picture of
 /// `voucher_contract::request::ReserveBody`, which is what the handler reads (the edge
@@ -129,18 +128,10 @@ pub async fn reserve(
     let outcome = outcome?;
     let view = Json(ReservationView::from(outcome.reservation()));
     let mut response = (StatusCode::CREATED, view).into_response();
-    match outcome {
-        ReserveOutcome::Retried(_) => {
-            response
-                .headers_mut()
-                .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
-        }
-        ReserveOutcome::Reserved(_, Some(left)) => {
-            response
-                .headers_mut()
-                .insert(REMAINING_HEADER, HeaderValue::from(left));
-        }
-        ReserveOutcome::Reserved(_, None) => {}
+    if matches!(outcome, ReserveOutcome::Retried(_)) {
+        response
+            .headers_mut()
+            .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
     }
     Ok(response)
 }

@@ -44,9 +44,8 @@ impl TryFrom<RedemptionRow> for Reservation {
 /// What a successful reservation call did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReserveOutcome {
-    /// A new use was taken for this order; with the uses the voucher had left after it,
-    /// when the decider knows that at once (a flash gate's script says).
-    Reserved(Reservation, Option<u64>),
+    /// A new use was taken for this order.
+    Reserved(Reservation),
     /// This exact request had been served before: its reservation, nothing consumed.
     Retried(Reservation),
 }
@@ -54,15 +53,7 @@ pub enum ReserveOutcome {
 impl ReserveOutcome {
     pub fn reservation(&self) -> &Reservation {
         match self {
-            Self::Reserved(r, _) | Self::Retried(r) => r,
-        }
-    }
-
-    /// The same outcome, saying `left` uses remain if it took one.
-    pub fn with_left(self, left: Option<u64>) -> Self {
-        match self {
-            Self::Reserved(r, _) => Self::Reserved(r, left),
-            retried => retried,
+            Self::Reserved(r) | Self::Retried(r) => r,
         }
     }
 }

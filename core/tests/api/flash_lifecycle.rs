@@ -195,36 +195,3 @@ async fn with_the_broker_deciding_a_flash_limit_only_goes_up() {
     assert_eq!(gate_remaining(&env, "UPONLY").await, Some(20));
     env.finish(&[]).await;
 }
-
-/// A flash 201 that took a new use says how many the gate had left after it (for the
-/// edge, which bounds the voucher's requests at the cores by it); a retry's 201 and a
-/// standard voucher's say nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_new_flash_use_says_how_many_are_left() {
-    let env = FlashStack::start().await;
-    env.app().given_voucher(flash_voucher("LEFT", 3, 1)).await;
-    let left = |resp: &reqwest::Response| {
-        resp.headers()
-            .get(voucher_contract::headers::VOUCHER_REMAINING)
-            .map(|v| v.to_str().expect("ascii").to_owned())
-    };
-    let mut accepted = Vec::new();
-    for (i, expected) in ["2", "1", "0"].into_iter().enumerate() {
-        let (customer, order) = (format!("c{i}"), format!("o{i}"));
-        let resp = env.app().reserve("LEFT", &customer, &order, 100_000).await;
-        assert_eq!(resp.status(), StatusCode::CREATED);
-        assert_eq!(left(&resp).as_deref(), Some(expected));
-        accepted.push(Accepted::new("LEFT", &customer, &order));
-    }
-    let retry = env.app().reserve("LEFT", "c1", "o1", 100_000).await;
-    assert_eq!(retry.status(), StatusCode::CREATED);
-    assert_eq!(left(&retry), None, "a retry took nothing");
-    env.app()
-        .given_voucher(voucher_testkit::helpers::voucher_body("PLAIN", 3, 1))
-        .await;
-    let plain = env.app().reserve("PLAIN", "p", "p-1", 100_000).await;
-    assert_eq!(plain.status(), StatusCode::CREATED);
-    assert_eq!(left(&plain), None, "standard mode does not say");
-    accepted.push(Accepted::new("PLAIN", "p", "p-1"));
-    env.finish(&accepted).await;
-}

@@ -14,9 +14,8 @@ pub enum GateDecision {
     NotLoaded,
     /// This orderId already has a record: answer from it.
     Exists(OrderRecord, Generation),
-    /// A use was taken; its record is Pending until the event is acknowledged. With the
-    /// uses left after it, when the script said (an older script did not).
-    Reserved(OrderRecord, Generation, Option<u64>),
+    /// A use was taken; its record is Pending until the event is acknowledged.
+    Reserved(OrderRecord, Generation),
     Refused(Refusal),
 }
 
@@ -126,11 +125,7 @@ impl Gate {
         Ok(match outcome {
             "NOT_LOADED" => GateDecision::NotLoaded,
             "EXISTS" => GateDecision::Exists(record()?, generation()?),
-            "RESERVED" => GateDecision::Reserved(
-                record()?,
-                generation()?,
-                reply.get(3).and_then(|left| left.parse().ok()),
-            ),
+            "RESERVED" => GateDecision::Reserved(record()?, generation()?),
             "NOT_STARTED" => GateDecision::Refused(Refusal::NotStarted),
             "EXPIRED" => GateDecision::Refused(Refusal::Expired),
             "BELOW_MIN_ORDER" => GateDecision::Refused(Refusal::BelowMinOrder),
