@@ -5,9 +5,10 @@
 //! cores, ahead of the gate, and when the gate takes the last use every request still
 //! queued there becomes a refusal a core must look up in PostgreSQL, while the sale's
 //! accepts wait behind them: at 10,000 requests a second, 217 such refusals, with the
-//! accepts' p99 at 96 ms (`reports/bench/SALE-places.md`, the row without a bound). Held here instead, a reservation that
-//! waited for its place asks the voucher's flag again before it goes on, so once the gate
-//! has announced the sell-out the queue is answered by the edge.
+//! accepts' p99 at 96 ms (`reports/bench/SALE-places.md`, the row without a bound). Held
+//! here instead, a reservation that waited for its place asks the voucher's flag again
+//! before it goes on, so once the gate has announced the sell-out the queue is answered by
+//! the edge.
 //!
 //! A reservation waits at most `admission.queue_timeout` for a place, then gets
 //! `503 OVERLOADED`, as for the edge's own admission limit. Vouchers have their places in a

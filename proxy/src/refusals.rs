@@ -1,7 +1,7 @@
 //! The edge's own answers: every refusal `request_filter` can give, each a named step, run
 //! in the order of the README's precedence (health, per-address rate, header size, admin
-//! calls, declared body size, then a reservation's body, per-customer rate and sold-out
-//! flag). A step returns the answer it gives, or `None` to let the next one look; the
+//! calls, declared body size, then a reservation's body, per-customer rate, sold-out flag,
+//! its voucher's place at the cores and the admission limit). A step returns the answer it gives, or `None` to let the next one look; the
 //! first answer is written and the request goes no further.
 
 use std::net::IpAddr;
@@ -202,7 +202,7 @@ impl Edge {
     }
 
     /// A reservation's own steps: its body is read (bounded), then the per-customer rate
-    /// and the voucher's sold-out flag. Only a request a core would take past its checks is
+    /// and the voucher's steps ([`Edge::screen_voucher`]). Only a request a core would take past its checks is
     /// answered here; anything a core refuses (415, 400) goes to it, so the answer keeps
     /// the API's precedence.
     async fn screen_reservation(
@@ -237,21 +237,29 @@ impl Edge {
         if let Err(by) = self.rate_limits.check_customer(&reserve.customer_id) {
             return Ok(Some(OwnAnswer::RateLimited(by)));
         }
-        ctx.code = Some(code.clone());
-        if let Some(refusal) = self.flag_refusal(&code, &reserve.order_id).await {
-            return Ok(Some(OwnAnswer::Refused(refusal)));
+        let answer = self.screen_voucher(ctx, &code, &reserve.order_id).await;
+        // Kept for the response filter, which flags the voucher from a core's refusal.
+        ctx.code = Some(code);
+        Ok(answer)
+    }
+
+    /// A reservation's voucher steps: its flag, then a place among the voucher's own at the
+    /// cores (`places`), then one within the edge's admission limit. One that had to wait
+    /// for its voucher's place asks the flag again, since the gate may have sold out
+    /// meanwhile.
+    async fn screen_voucher(&self, ctx: &mut Ctx, code: &str, order_id: &str) -> Option<OwnAnswer> {
+        if let Some(refusal) = self.flag_refusal(code, order_id).await {
+            return Some(OwnAnswer::Refused(refusal));
         }
-        // A place among the voucher's own at the cores (`places`); one that had to wait for
-        // it asks the flag again, since the gate may have sold out meanwhile.
         match self
             .places
-            .take(&code, &self.metrics.voucher_place_waiting)
+            .take(code, &self.metrics.voucher_place_waiting)
             .await
         {
             Place::Free(place) => ctx.voucher_place = place,
             Place::Waited(place) => {
                 ctx.voucher_place = Some(place);
-                let refusal = self.flag_refusal(&code, &reserve.order_id).await;
+                let refusal = self.flag_refusal(code, order_id).await;
                 let outcome = if refusal.is_some() {
                     "answered"
                 } else {
@@ -262,7 +270,7 @@ impl Edge {
                     .with_label_values(&[outcome])
                     .inc();
                 if let Some(refusal) = refusal {
-                    return Ok(Some(OwnAnswer::Refused(refusal)));
+                    return Some(OwnAnswer::Refused(refusal));
                 }
             }
             Place::Full => {
@@ -270,13 +278,13 @@ impl Edge {
                     .voucher_place_waits
                     .with_label_values(&["timed_out"])
                     .inc();
-                return Ok(Some(OwnAnswer::Overloaded));
+                return Some(OwnAnswer::Overloaded);
             }
         }
         // Last: only a reservation that goes to a core takes a place (the edge's own
         // answers cost the cores nothing), and one refused here has not reached a core.
         ctx.admitted = self.admission.acquire().await;
-        Ok(ctx.admitted.is_none().then_some(OwnAnswer::Overloaded))
+        ctx.admitted.is_none().then_some(OwnAnswer::Overloaded)
     }
 
     /// What the voucher's flag answers `order_id`, if it refuses it: a flag whose filter is

@@ -30,7 +30,7 @@ pub struct Step {
 impl Step {
     /// Kept up ([`Outcome::sustained`], p99 < 100 ms) and met its own condition.
     pub fn sustained(&self) -> bool {
-        self.unmet.is_none() && self.outcome.sustained(100.0)
+        self.why_not().is_none()
     }
 
     /// Why the step was not sustained: its own condition and every shortfall of its

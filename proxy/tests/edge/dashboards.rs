@@ -7,6 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use voucher_testkit::assert::assert_error;
 use voucher_testkit::invariants::Accepted;
 use voucher_testkit::stack::flash_voucher;
 use voucher_testkit::wait::eventually;
@@ -254,7 +255,7 @@ async fn every_dashboard_panel_returns_series_after_a_short_k6_sale() {
         .app()
         .reserve("DASH", "direct", "direct-1", 100_000)
         .await;
-    assert_eq!(late.status(), reqwest::StatusCode::CONFLICT);
+    assert_error(late, reqwest::StatusCode::CONFLICT, "OUT_OF_STOCK").await;
 
     // Every query of every panel, retried while Prometheus scrapes (bounded).
     let deadline = Instant::now() + Duration::from_secs(60);
