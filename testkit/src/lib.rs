@@ -12,11 +12,13 @@
 //! - [`postgres`]: a PostgreSQL server of the test's own, for crashes and restarts;
 //! - [`process`]: a child process a test owns, killed, frozen or thawed on purpose;
 //! - [`tls`]: certificates a test makes, and a TLS front for a broker without TLS;
+//! - [`link`]: a TCP relay with a one-way delay, for a standby far from its primary;
 //! - [`otlp`]: an OTLP/HTTP receiver that keeps the spans it is sent.
 
 pub mod assert;
 pub mod helpers;
 pub mod invariants;
+pub mod link;
 pub mod locks;
 pub mod metrics;
 pub mod otlp;
@@ -27,12 +29,27 @@ pub mod stack;
 pub mod tls;
 pub mod wait;
 
-/// A port nothing listens on now.
+/// A port nothing listens on now, for a server the test starts a moment later.
+///
+/// It is taken from 20,000-31,999, below Linux's ephemeral range (32,768-60,999 by default),
+/// and never twice in one process. A port from `bind(0)` comes from the ephemeral range, so
+/// by the time the server binds it an outgoing connection of some other test may hold it as
+/// its local port, and the server fails to start (a CI run lost a Redis Cluster node so).
+/// Each process starts at its own offset; the bind check covers the rest.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let offset = std::process::id().wrapping_mul(7_919) % SPAN;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(n < SPAN, "no free port left in {LOW}-{}", LOW + SPAN - 1);
+        let port = (LOW + (offset + n) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// A directory of the test's own, removed when dropped.

@@ -99,6 +99,17 @@ impl PostgresServer {
 
     /// [`Self::start_standby`] on `port` (a lost server's, so that URLs naming it hold).
     pub async fn start_standby_on(primary: &PostgresServer, port: u16) -> anyhow::Result<Self> {
+        Self::start_standby_through(primary, port, primary.port).await
+    }
+
+    /// [`Self::start_standby_on`], the standby streaming from `upstream` (a
+    /// [`crate::link::Link`] in front of `primary`) instead of from `primary`'s own port;
+    /// the base backup is still taken from `primary` directly.
+    pub async fn start_standby_through(
+        primary: &PostgresServer,
+        port: u16,
+        upstream: u16,
+    ) -> anyhow::Result<Self> {
         let bin = bin_dir()?;
         let dir = Self::owned_dir()?;
         let output = as_postgres(bin.join("pg_basebackup"))
@@ -113,6 +124,17 @@ impl PostgresServer {
             "pg_basebackup failed: {}",
             String::from_utf8_lossy(&output.stderr)
         );
+        if upstream != primary.port {
+            // The later of two settings in the file wins over the backup's own line.
+            use std::io::Write;
+            let mut conf = std::fs::OpenOptions::new()
+                .append(true)
+                .open(dir.0.join("data").join("postgresql.auto.conf"))?;
+            writeln!(
+                conf,
+                "primary_conninfo = 'host=127.0.0.1 port={upstream} user=postgres'"
+            )?;
+        }
         let mut standby = Self {
             process: Process::default(),
             port,

@@ -277,6 +277,11 @@ impl Fault {
             Fault::PrimaryLost => {
                 let lost = Instant::now();
                 let old = stack.postgres.port;
+                // The primary's site goes at one instant: the link to a far standby with
+                // what is on it, then the server itself.
+                if let Some(link) = stack.link.as_mut() {
+                    link.cut();
+                }
                 stack.postgres.lose();
                 stack.standby.promote(old).await?;
                 effect = format!(

@@ -17,6 +17,7 @@ pub mod stack;
 pub mod twin;
 
 use std::path::Path;
+use std::time::Duration;
 
 use fault::Fault;
 use rng::Rng;
@@ -33,6 +34,9 @@ pub struct Setup {
     /// The cores' `flash.decision`.
     pub decision: Decision,
     pub replication: Replication,
+    /// The one-way delay of the link the standby streams over (a standby in another data
+    /// centre); zero for a standby next to its primary. See [`voucher_testkit::link`].
+    pub link_delay: Duration,
 }
 
 /// A campaign: `rounds` rounds of `size`, each with a fault drawn from `faults` by `seed`.
@@ -139,6 +143,7 @@ mod tests {
                 layout: Layout::Single,
                 decision: Decision::Database,
                 replication: Replication::Synchronous,
+                link_delay: Duration::ZERO,
             },
         };
         let rows: Vec<(&str, u128, u128)> = campaign

@@ -39,6 +39,11 @@ struct Args {
     /// production runs) or `async` (to measure what a failover would lose without it).
     #[arg(long, env = "REPLICATION", default_value = "sync", value_parser = parse_replication)]
     replication: Replication,
+    /// The one-way delay, in milliseconds, of the link the standby streams over: 0 for a
+    /// standby beside its primary, more for one in another data centre (its loss at
+    /// failover, asynchronous, is what was on that link).
+    #[arg(long, env = "LINK_DELAY_MS", default_value_t = 0)]
+    link_delay_ms: u64,
     /// The stack's layout: `single` (`scripts/up.sh`'s) or `scaled` (`scripts/up-scaled.sh`'s:
     /// a Redis Cluster, three cores, two edges, six partitions).
     #[arg(long, env = "LAYOUT", default_value = "single", value_parser = parse_layout)]
@@ -117,6 +122,7 @@ async fn main() -> anyhow::Result<()> {
             layout,
             decision,
             replication: args.replication,
+            link_delay: std::time::Duration::from_millis(args.link_delay_ms),
         },
     };
 
@@ -142,11 +148,16 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     let header = vec![
         format!(
-            "command: `SEED={seed} ROUNDS={rounds} DECISION={} REPLICATION={} LAYOUT={}{} ./loadtest/campaign.sh`",
+            "command: `SEED={seed} ROUNDS={rounds} DECISION={} REPLICATION={}{} LAYOUT={}{} ./loadtest/campaign.sh`",
             decision.as_str(),
             match args.replication {
                 Replication::Synchronous => "sync",
                 Replication::Asynchronous => "async",
+            },
+            if args.link_delay_ms > 0 {
+                format!(" LINK_DELAY_MS={}", args.link_delay_ms)
+            } else {
+                String::new()
             },
             layout.name(),
             if faults_given.is_empty() {
@@ -156,10 +167,18 @@ async fn main() -> anyhow::Result<()> {
             }
         ),
         format!(
-            "PostgreSQL: a primary with a {} standby; the cores follow the primary through a URL naming both",
+            "PostgreSQL: a primary with a {} standby{}; the cores follow the primary through a URL naming both",
             match args.replication {
                 Replication::Synchronous => "synchronous (`synchronous_standby_names = '*'`, `synchronous_commit = on`)",
                 Replication::Asynchronous => "asynchronous",
+            },
+            if args.link_delay_ms > 0 {
+                format!(
+                    " streaming over a link of {} ms each way (a relay of the campaign's, cut with what is on it when the primary is lost)",
+                    args.link_delay_ms
+                )
+            } else {
+                String::new()
             }
         ),
         format!(

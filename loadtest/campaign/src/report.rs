@@ -14,6 +14,7 @@ struct PerFault {
     violations: usize,
     worst_recovery: Option<Duration>,
     worst_row_wait: Duration,
+    lost: usize,
     unsold: i64,
     worst_unsold: i64,
     unavailable: usize,
@@ -31,6 +32,7 @@ pub fn markdown(header: &[String], outcomes: &[RoundOutcome]) -> String {
         let recovery = o.recovered_in.unwrap_or(settle_bound());
         p.worst_recovery = Some(p.worst_recovery.map_or(recovery, |w| w.max(recovery)));
         p.worst_row_wait = p.worst_row_wait.max(o.worst_row_wait);
+        p.lost += o.lost;
         p.unsold += o.unsold;
         p.worst_unsold = p.worst_unsold.max(o.unsold);
         p.unavailable += o.unavailable;
@@ -58,18 +60,19 @@ pub fn markdown(header: &[String], outcomes: &[RoundOutcome]) -> String {
          (\"sold after the sale\" counts what they bought)",
         unsold_bound().as_secs_f64()
     );
-    let _ = writeln!(md, "\n| fault | rounds | failed | violations | worst time to recover | worst 201-to-row wait (at most) | uses unsold after the sell-out (total / worst round) | 503s retried |");
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "\n| fault | rounds | failed | violations | worst time to recover | worst 201-to-row wait (at most) | 201s that never had a row | uses unsold after the sell-out (total / worst round) | 503s retried |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
     for (fault, p) in &per {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {:.1} s | {:.1} s | {} / {} | {} |",
+            "| {} | {} | {} | {} | {:.1} s | {:.1} s | {} | {} / {} | {} |",
             fault.name(),
             p.rounds,
             p.failed,
             p.violations,
             p.worst_recovery.unwrap_or_default().as_secs_f64(),
             p.worst_row_wait.as_secs_f64(),
+            p.lost,
             p.unsold,
             p.worst_unsold,
             p.unavailable

@@ -92,6 +92,9 @@ pub struct RoundOutcome {
     pub recovered_in: Option<Duration>,
     /// The longest any 201 waited for its row, from the later of the 201 and the fault's end.
     pub worst_row_wait: Duration,
+    /// 201s whose row never came (each also a violation): what a failover to a standby
+    /// that lacked them lost.
+    pub lost: usize,
     /// Uses nobody holds once the sell-out check is over: 0 in a passed round (a use
     /// neither sold nor free past [`unsold_bound`] is a violation).
     pub unsold: i64,
@@ -112,6 +115,7 @@ impl RoundOutcome {
             unavailable: 0,
             recovered_in: None,
             worst_row_wait: Duration::ZERO,
+            lost: 0,
             unsold: plan.size.limit,
             sold_late: 0,
             effect: String::new(),
@@ -195,7 +199,8 @@ pub async fn run(stack: &mut CampaignStack, plan: RoundPlan) -> anyhow::Result<R
         .filter(|c| c.status == 201)
         .map(|c| Accepted::new(&code, &c.customer, &c.order))
         .collect();
-    let worst_row_wait = rows_within_bound(stack, &checkouts, healed, &mut violations).await?;
+    let (worst_row_wait, lost) =
+        rows_within_bound(stack, &checkouts, healed, &mut violations).await?;
     let (report, recovered_in) = settled(stack, &code, &accepted, healed).await?;
     violations.extend(report.violations);
     check_answers(&checkouts, plan.size.limit, &mut violations);
@@ -243,6 +248,7 @@ pub async fn run(stack: &mut CampaignStack, plan: RoundPlan) -> anyhow::Result<R
             .count(),
         recovered_in,
         worst_row_wait,
+        lost,
         unsold: plan.size.limit - active,
         sold_late: sold_late.len(),
         effect,
@@ -384,13 +390,13 @@ async fn settle_order(
 }
 
 /// Waits until every 201 has its row, at most [`ROW_BOUND`] after the later of the 201 and
-/// the fault's end; returns the longest wait past that point.
+/// the fault's end; returns the longest wait past that point, and how many never had one.
 async fn rows_within_bound(
     stack: &CampaignStack,
     checkouts: &[Checkout],
     healed: Instant,
     violations: &mut Vec<String>,
-) -> anyhow::Result<Duration> {
+) -> anyhow::Result<(Duration, usize)> {
     let mut waiting: BTreeMap<String, Instant> = checkouts
         .iter()
         .filter_map(|c| Some((c.order.clone(), c.accepted_at?.max(healed))))
@@ -417,16 +423,17 @@ async fn rows_within_bound(
             .map(|(order, _)| order)
             .collect();
         if !late.is_empty() {
+            let lost = late.len();
             for order in late {
                 violations.push(format!(
                     "2: order {order} got a 201 and has no row {} s later",
                     ROW_BOUND.as_secs()
                 ));
             }
-            return Ok(worst.max(ROW_BOUND));
+            return Ok((worst.max(ROW_BOUND), lost));
         }
         if waiting.is_empty() {
-            return Ok(worst);
+            return Ok((worst, 0));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

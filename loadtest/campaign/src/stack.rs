@@ -18,6 +18,7 @@ use voucher_core::flash::gate::Topology;
 use voucher_core::store::Store;
 use voucher_testkit::helpers::database_url;
 use voucher_testkit::helpers::{ApiClient, TestDb};
+use voucher_testkit::link::Link;
 use voucher_testkit::postgres::{multi_host_url, PostgresServer, Replication};
 use voucher_testkit::stack::{
     flash_settings, Broker, CoreProcess, EdgeProcess, RedisCluster, RedisServer,
@@ -87,6 +88,9 @@ pub struct CampaignStack {
     /// Its standby, streaming (synchronously or not, as the campaign was asked).
     pub standby: PostgresServer,
     pub replication: Replication,
+    /// The link the standby streams over when it is far from its primary
+    /// (`Setup::link_delay` above zero); the primary's loss cuts it.
+    pub link: Option<Link>,
     pub db: TestDb,
     pub pool: PgPool,
     pub broker: Broker,
@@ -106,13 +110,15 @@ impl CampaignStack {
             layout,
             decision,
             replication,
+            link_delay,
         } = setup;
         let (cores, edges, partitions) = match layout {
             Layout::Single => (2, 1, 3),
             Layout::Scaled => (3, 2, 6),
         };
         let postgres = PostgresServer::start_primary(replication).await?;
-        let standby = PostgresServer::start_standby(&postgres).await?;
+        let (standby, link) =
+            far_standby(&postgres, voucher_testkit::free_port(), link_delay).await?;
         let db = TestDb::create_on(&postgres.url()).await;
         let broker = Broker::start().await;
         let (redis, redis_url, topology) = match layout {
@@ -180,6 +186,7 @@ impl CampaignStack {
             postgres,
             standby,
             replication,
+            link,
             db,
             pool,
             broker,
@@ -197,7 +204,9 @@ impl CampaignStack {
     /// campaign's own views of the database moved to the new primary.
     pub async fn replace_lost_primary(&mut self) -> anyhow::Result<()> {
         let port = self.postgres.port;
-        let standby = PostgresServer::start_standby_on(&self.standby, port).await?;
+        let delay = self.link.as_ref().map_or(Duration::ZERO, |l| l.delay);
+        let (standby, link) = far_standby(&self.standby, port, delay).await?;
+        self.link = link;
         self.postgres = std::mem::replace(&mut self.standby, standby);
         self.db.moved_to(&self.postgres.url());
         self.pool.close().await;
@@ -255,4 +264,19 @@ impl CampaignStack {
         drop(self.postgres);
         drop(self.standby);
     }
+}
+
+/// A standby of `primary` on `port`, streaming over a [`Link`] of `delay` when `delay` is
+/// above zero, from `primary`'s own port otherwise.
+async fn far_standby(
+    primary: &PostgresServer,
+    port: u16,
+    delay: Duration,
+) -> anyhow::Result<(PostgresServer, Option<Link>)> {
+    if delay.is_zero() {
+        return Ok((PostgresServer::start_standby_on(primary, port).await?, None));
+    }
+    let link = Link::start(primary.port, delay).await?;
+    let standby = PostgresServer::start_standby_through(primary, port, link.port).await?;
+    Ok((standby, Some(link)))
 }

@@ -3,6 +3,7 @@
 //! checks.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use voucher_campaign::fault::Fault;
 use voucher_campaign::rng::Rng;
@@ -25,11 +26,17 @@ fn binaries() -> Binaries {
 /// Runs one round of each of `faults` on one stack of `up.sh`'s layout and returns what
 /// failed.
 async fn slice(seed: u64, decision: Decision, faults: &[Fault]) -> Vec<String> {
-    slice_of(seed, Layout::Single, decision, faults).await
+    slice_of(seed, Layout::Single, decision, Duration::ZERO, faults).await
 }
 
-/// [`slice`] on a stack of `layout`.
-async fn slice_of(seed: u64, layout: Layout, decision: Decision, faults: &[Fault]) -> Vec<String> {
+/// [`slice`] on a stack of `layout`, its standby streaming over a link of `link_delay`.
+async fn slice_of(
+    seed: u64,
+    layout: Layout,
+    decision: Decision,
+    link_delay: Duration,
+    faults: &[Fault],
+) -> Vec<String> {
     let mut rng = Rng::new(seed);
     let plans: Vec<RoundPlan> = faults
         .iter()
@@ -42,6 +49,7 @@ async fn slice_of(seed: u64, layout: Layout, decision: Decision, faults: &[Fault
         layout,
         decision,
         replication: Replication::Synchronous,
+        link_delay,
     };
     let outcomes = run_plans(&binaries(), setup, plans, logs.as_deref(), |o| {
         eprintln!(
@@ -108,12 +116,15 @@ async fn with_postgresql_deciding_a_gate_back_in_time_oversells_nothing() {
 /// The scaled layout (`scripts/up-scaled.sh`'s: a Redis Cluster, three cores, two edges, six
 /// partitions, PostgreSQL with a synchronous standby): the Redis master of the round's
 /// voucher killed, the PostgreSQL primary lost and its standby promoted, a core killed.
+/// The standby streams over a link of 10 ms each way, cut with the primary: a synchronous
+/// standby in another data centre still has every acknowledged commit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_scaled_layout_loses_nothing_to_a_master_a_primary_or_a_core() {
     let failed = slice_of(
         11,
         Layout::Scaled,
         Decision::Database,
+        Duration::from_millis(10),
         &[
             Fault::RedisMasterKilled,
             Fault::PrimaryLost,

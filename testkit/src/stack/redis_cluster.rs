@@ -114,19 +114,9 @@ impl RedisCluster {
         for node in &mut nodes {
             node.start();
         }
-        let cluster = Self { nodes };
+        let mut cluster = Self { nodes };
         for i in 0..cluster.nodes.len() {
-            eventually(Duration::from_secs(10), "a cluster node to answer", || {
-                let conn = cluster.connection(i);
-                async move {
-                    let mut conn = conn.await?;
-                    redis::cmd("PING")
-                        .query_async::<String>(&mut conn)
-                        .await
-                        .ok()
-                }
-            })
-            .await;
+            cluster.until_node_answers(i).await;
         }
         let addresses: Vec<String> = cluster
             .nodes
@@ -157,6 +147,35 @@ impl RedisCluster {
             cluster.until_synced(i).await;
         }
         cluster
+    }
+
+    /// Waits until node `i` answers PING. A node that exits first (it could not bind its
+    /// ports: something took them between [`free_port`] and its start) is started again on
+    /// new ones, at most three times.
+    async fn until_node_answers(&mut self, i: usize) {
+        let mut restarts = 0;
+        let mut deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if self.nodes[i].process.exited() {
+                assert!(restarts < 3, "cluster node {i} exited three times on start");
+                restarts += 1;
+                let node = &mut self.nodes[i];
+                (node.port, node.bus_port) = (free_port(), free_port());
+                node.start();
+                deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            }
+            if let Some(mut conn) = self.connection(i).await {
+                let pong = redis::cmd("PING").query_async::<String>(&mut conn).await;
+                if pong.is_ok() {
+                    return;
+                }
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out after 10s waiting for cluster node {i} to answer"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Every node's URL, comma-separated: what the cores' `redis.url` and the edge's
