@@ -5,14 +5,16 @@
 //! first answer is written and the request goes no further.
 
 use std::net::IpAddr;
+use std::sync::LazyLock;
 
 use bytes::Bytes;
+use http::{HeaderName, HeaderValue};
 use pingora::prelude::Session;
 use pingora::{Error, ErrorType, Result};
 use voucher_contract::request::{self, ReserveBody, VOUCHER_CODE};
 use voucher_contract::{headers, ErrorCode, Route, RETRY_AFTER_SECS};
 
-use crate::edge::{write_json, Ctx, Edge, EDGE_HEALTH_PATH, EDGE_READINESS_PATH};
+use crate::edge::{json_body, write_json, Ctx, Edge, EDGE_HEALTH_PATH, EDGE_READINESS_PATH};
 use crate::metrics::Counted;
 use crate::places::Place;
 use crate::rate_limit::Limited;
@@ -87,58 +89,57 @@ impl Edge {
         self.screen_reservation(session, ctx).await
     }
 
-    /// Writes `answer`.
-    pub(crate) async fn give(&self, session: &mut Session, answer: OwnAnswer) -> Result<()> {
+    /// Writes `answer`, with the request's `x-request-id`.
+    pub(crate) async fn give(
+        &self,
+        session: &mut Session,
+        id: &str,
+        answer: OwnAnswer,
+    ) -> Result<()> {
         match answer {
             OwnAnswer::Health => {
-                write_json(session, 200, &serde_json::json!({ "status": "ok" }), &[]).await
+                let body = json_body(&serde_json::json!({ "status": "ok" }))?;
+                write_json(session, 200, body, id, &[]).await
             }
             OwnAnswer::Readiness => match self.readiness() {
                 Ok(()) => {
-                    write_json(session, 200, &serde_json::json!({ "status": "ready" }), &[]).await
+                    let body = json_body(&serde_json::json!({ "status": "ready" }))?;
+                    write_json(session, 200, body, id, &[]).await
                 }
                 Err(why) => {
-                    self.answer(session, 503, ErrorCode::ServiceUnavailable, why)
+                    self.answer(session, id, 503, ErrorCode::ServiceUnavailable, why)
                         .await
                 }
             },
-            OwnAnswer::RateLimited(by) => self.rate_limited(session, by).await,
+            OwnAnswer::RateLimited(by) => self.rate_limited(session, id, by).await,
             OwnAnswer::HeadersTooLarge => {
                 let message = format!(
                     "the request line and headers are larger than {} bytes",
                     self.settings.max_header_bytes
                 );
-                self.answer(session, 431, ErrorCode::HeadersTooLarge, &message)
+                self.answer(session, id, 431, ErrorCode::HeadersTooLarge, &message)
                     .await
             }
             OwnAnswer::AdminRefused => {
                 self.answer(
                     session,
+                    id,
                     403,
                     ErrorCode::Forbidden,
                     "admin calls are not served on the public listener",
                 )
                 .await
             }
-            OwnAnswer::TooLarge => self.too_large(session).await,
+            OwnAnswer::TooLarge => self.too_large(session, id).await,
             OwnAnswer::Refused(refusal) => {
-                // The cores' messages for the same codes.
-                let (code, message) = match refusal {
-                    Refusal::SoldOut => (ErrorCode::OutOfStock, "the voucher has no uses left"),
-                    Refusal::Paused => (
-                        ErrorCode::VoucherPaused,
-                        "the voucher is paused: it takes no new reservation until it is resumed",
-                    ),
-                    Refusal::Archived => (
-                        ErrorCode::VoucherArchived,
-                        "the voucher is archived: it takes no reservation",
-                    ),
-                };
-                self.answer(session, 409, code, message).await
+                let (code, body) = refusal_answer(refusal);
+                let code_header = HeaderValue::from_static(code.as_str());
+                write_json(session, 409, body, id, &[(&ERROR_CODE, code_header)]).await
             }
             OwnAnswer::Overloaded => {
                 self.answer(
                     session,
+                    id,
                     503,
                     ErrorCode::Overloaded,
                     "the service is at its admission limit; retry after the Retry-After seconds",
@@ -148,22 +149,24 @@ impl Edge {
         }
     }
 
-    /// Keeps the client's valid `x-request-id` or puts a new one in the request's own
-    /// headers: forwarded to the core with them, and read back by `write_json` for the
-    /// edge's own answers.
+    /// Keeps the client's valid `x-request-id` or makes a new one, in `ctx`: the edge's own
+    /// answers carry it, and a forwarded request takes a new one into its headers in
+    /// `upstream_request_filter` (written into the request here, it cost every answer of
+    /// the edge a header insert it never needed). An invalid one the client sent is
+    /// removed, so it cannot reach a core.
     fn assign_request_id(&self, session: &mut Session, ctx: &mut Ctx) -> Result<()> {
-        ctx.request_id = match session.req_header().headers.get(headers::REQUEST_ID) {
+        match session.req_header().headers.get(headers::REQUEST_ID) {
             Some(v) if request::valid_request_id(v.as_bytes()) => {
-                String::from_utf8_lossy(v.as_bytes()).into_owned()
+                ctx.request_id = String::from_utf8_lossy(v.as_bytes()).into_owned();
+                ctx.request_id_given = true;
             }
-            _ => {
-                let id = self.request_ids.next();
-                session
-                    .req_header_mut()
-                    .insert_header(headers::REQUEST_ID, &id)?;
-                id
+            given => {
+                if given.is_some() {
+                    session.req_header_mut().remove_header(headers::REQUEST_ID);
+                }
+                ctx.request_id = self.request_ids.next();
             }
-        };
+        }
         Ok(())
     }
 
@@ -343,48 +346,33 @@ impl Edge {
         verdict
     }
 
-    /// Writes a complete JSON answer from the edge, keeping the connection alive
+    /// Writes a complete JSON error answer from the edge, keeping the connection alive
     /// (a Content-Length is what allows keep-alive).
     pub(crate) async fn answer(
         &self,
         session: &mut Session,
+        id: &str,
         status: u16,
         code: ErrorCode,
         message: &str,
     ) -> Result<()> {
-        // Serialized from borrowed fields: a `serde_json::Value` built per answer cost the
-        // reject path allocations of its own (`reports/perf/EDGE.md`).
-        #[derive(serde::Serialize)]
-        struct ErrorBody<'a> {
-            error: &'a str,
-            message: &'a str,
-        }
-        let body = ErrorBody {
-            error: code.as_str(),
-            message,
-        };
+        let body = error_body(code, message)?;
+        let code_header = HeaderValue::from_static(code.as_str());
         if status == 503 || status == 429 {
-            let retry_after = RETRY_AFTER_SECS.to_string();
             let extra = [
-                (headers::ERROR_CODE, code.as_str()),
-                (headers::RETRY_AFTER, retry_after.as_str()),
+                (&ERROR_CODE, code_header),
+                (&RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS)),
             ];
-            write_json(session, status, &body, &extra).await
+            write_json(session, status, body, id, &extra).await
         } else {
-            write_json(
-                session,
-                status,
-                &body,
-                &[(headers::ERROR_CODE, code.as_str())],
-            )
-            .await
+            write_json(session, status, body, id, &[(&ERROR_CODE, code_header)]).await
         }
     }
 
-    async fn too_large(&self, session: &mut Session) -> Result<()> {
+    async fn too_large(&self, session: &mut Session, id: &str) -> Result<()> {
         let limit = self.settings.max_body_bytes;
         let message = format!("the request body is larger than {limit} bytes");
-        self.answer(session, 413, ErrorCode::PayloadTooLarge, &message)
+        self.answer(session, id, 413, ErrorCode::PayloadTooLarge, &message)
             .await
     }
 
@@ -416,7 +404,7 @@ impl Edge {
         }
     }
 
-    async fn rate_limited(&self, session: &mut Session, by: Limited) -> Result<()> {
+    async fn rate_limited(&self, session: &mut Session, id: &str, by: Limited) -> Result<()> {
         self.metrics
             .rate_limited
             .with_label_values(&[by.label()])
@@ -435,7 +423,7 @@ impl Edge {
                 "too many reservations for this customer; retry after the Retry-After seconds"
             }
         };
-        self.answer(session, 429, ErrorCode::RateLimited, message)
+        self.answer(session, id, 429, ErrorCode::RateLimited, message)
             .await
     }
 }
@@ -460,6 +448,51 @@ impl Edge {
         } else {
             Err("no core is ready")
         }
+    }
+}
+
+static ERROR_CODE: HeaderName = HeaderName::from_static(headers::ERROR_CODE);
+static RETRY_AFTER: HeaderName = HeaderName::from_static(headers::RETRY_AFTER);
+
+/// An error answer's body, `{"error": CODE, "message": ...}`.
+fn error_body(code: ErrorCode, message: &str) -> Result<Bytes> {
+    // Serialized from borrowed fields: a `serde_json::Value` built per answer cost the
+    // reject path allocations of its own (`reports/perf/EDGE.md`).
+    #[derive(serde::Serialize)]
+    struct ErrorBody<'a> {
+        error: &'a str,
+        message: &'a str,
+    }
+    json_body(&ErrorBody {
+        error: code.as_str(),
+        message,
+    })
+}
+
+/// A flag's refusal: its code and body, the same for every answer, so serialized once.
+fn refusal_answer(refusal: Refusal) -> (ErrorCode, Bytes) {
+    // The cores' messages for the same codes.
+    fn body(code: ErrorCode, message: &str) -> Bytes {
+        error_body(code, message).expect("two strings serialize")
+    }
+    static SOLD_OUT: LazyLock<Bytes> =
+        LazyLock::new(|| body(ErrorCode::OutOfStock, "the voucher has no uses left"));
+    static PAUSED: LazyLock<Bytes> = LazyLock::new(|| {
+        body(
+            ErrorCode::VoucherPaused,
+            "the voucher is paused: it takes no new reservation until it is resumed",
+        )
+    });
+    static ARCHIVED: LazyLock<Bytes> = LazyLock::new(|| {
+        body(
+            ErrorCode::VoucherArchived,
+            "the voucher is archived: it takes no reservation",
+        )
+    });
+    match refusal {
+        Refusal::SoldOut => (ErrorCode::OutOfStock, SOLD_OUT.clone()),
+        Refusal::Paused => (ErrorCode::VoucherPaused, PAUSED.clone()),
+        Refusal::Archived => (ErrorCode::VoucherArchived, ARCHIVED.clone()),
     }
 }
 
