@@ -163,9 +163,9 @@ async fn a_slot_moved_to_another_master_mid_sale_is_followed_without_a_5xx() {
     let mut retry = None;
     let retried = &mut retry;
     let (mut answers, _, _) = sale_through(&env, code, 300, async move {
-        // Two keys per MIGRATE, 100 ms apart: the sale runs while the voucher's keys are
-        // split between the two masters (its scripts answered TRYAGAIN, retried by the
-        // client). After the first batch, the retry of the use taken before is sent.
+        // Two keys moved, then 100 ms: the sale runs while the voucher's keys are split
+        // between the two masters (its scripts answered TRYAGAIN, retried by the client),
+        // and the retry of the use taken before is sent; then the rest of the keys move.
         moving
             .move_slot(slot, to.port, || {
                 if retried.is_none() {
