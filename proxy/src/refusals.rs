@@ -7,7 +7,7 @@
 use std::net::IpAddr;
 use std::sync::LazyLock;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::{HeaderName, HeaderValue};
 use pingora::prelude::Session;
 use pingora::{Error, ErrorType, Result};
@@ -384,27 +384,16 @@ impl Edge {
         session.as_mut().enable_retry_buffering();
         let limit = self.settings.max_body_bytes;
         let read = async {
-            // A body comes in one chunk almost always: that chunk is the body, uncopied.
-            let mut first: Option<Bytes> = None;
-            let mut joined = BytesMut::new();
+            let mut body = Vec::new();
             while let Some(chunk) = session.read_request_body().await? {
-                if let Some(earlier) = first.take() {
-                    joined.extend_from_slice(&earlier);
-                }
-                if joined.is_empty() {
-                    first = Some(chunk);
-                } else {
-                    joined.extend_from_slice(&chunk);
-                }
-                if first.as_ref().map_or(0, Bytes::len) + joined.len() > limit {
+                body.extend_from_slice(&chunk);
+                if body.len() > limit {
                     return Ok(None);
                 }
             }
-            Ok(Some(first.unwrap_or_else(|| joined.freeze())))
+            Ok(Some(Bytes::from(body)))
         };
-        // pingora's own timer wheel (millisecond ticks, timers shared between requests):
-        // cheaper per request than a tokio timer, and precise enough for a client's timeout.
-        match pingora::time::fast_timeout::fast_timeout(self.settings.client_timeout, read).await {
+        match tokio::time::timeout(self.settings.client_timeout, read).await {
             Ok(result) => result,
             // A client's fault: answered 400 by fail_to_proxy, and the connection closed.
             Err(_) => Err(Error::explain(
