@@ -39,18 +39,19 @@ fi
 CODE=CE$(date +%H%M%S)
 sold_out_voucher "$CODE"
 
-# requests FILE TAG: N reservations of CODE for one curl, each its own customer and order.
+# requests FILE TAG COUNT: COUNT reservations of CODE for one curl, each its own customer
+# and order.
 requests() {
-  local file=$1 tag=$2 i
+  local file=$1 tag=$2 count=$3 i
   : >"$file"
-  for i in $(seq "$N"); do
+  for i in $(seq "$count"); do
     [[ $i -gt 1 ]] && echo next >>"$file"
     printf 'url = "http://127.0.0.1:%s/vouchers/%s/reservations"\nheader = "content-type: application/json"\ndata = "{\\"customerId\\":\\"%s%s\\",\\"orderId\\":\\"%s-%s%s\\",\\"orderAmount\\":250000}"\noutput = "/dev/null"\nwrite-out = "%%{http_code}\\n"\n' \
       "$PORT" "$CODE" "$tag" "$i" "$CODE" "$tag" "$i" >>"$file"
   done
 }
 WARM=$OUT/warm.curl
-N_SAVED=$N; N=200; requests "$WARM" w; N=$N_SAVED
+requests "$WARM" w 200
 
 # count NAME COMMAND...: instructions per answer of COMMAND's process, printed.
 count() {
@@ -61,7 +62,7 @@ count() {
   [[ $name == edge* ]] && until_served_by_edge $PORT "$CODE"
   curl -s -K "$WARM" >/dev/null
   tag=n$RANDOM
-  requests "$OUT/measured.curl" "$tag"
+  requests "$OUT/measured.curl" "$tag" "$N"
   rm -f "$OUT/$name.cg"*
   callgrind_control --zero "$pid" >/dev/null 2>&1
   answers=$(curl -s -K "$OUT/measured.curl" | grep -c '^409$')

@@ -61,8 +61,6 @@ pub struct Ctx {
     failed: Vec<String>,
     /// The `x-request-id` this request goes on with (the client's valid one, or a new one).
     pub(crate) request_id: String,
-    /// Whether `request_id` is the client's own, in the request's headers already.
-    pub(crate) request_id_given: bool,
     /// A reservation's place within the admission limit, from its screening until it is
     /// logged (answered or given up).
     pub(crate) admitted: Option<voucher_admission::Permit>,
@@ -101,8 +99,8 @@ pub(crate) async fn write_json(
     headers.insert(SERVED_BY.clone(), SERVED_BY_EDGE.clone());
     // Set (checked, or made) by request_filter before any answer; empty only for an error
     // pingora met before it.
-    if let Ok(id) = HeaderValue::from_str(request_id) {
-        if !request_id.is_empty() {
+    if !request_id.is_empty() {
+        if let Ok(id) = HeaderValue::from_str(request_id) {
             headers.insert(REQUEST_ID.clone(), id);
         }
     }
@@ -149,7 +147,6 @@ impl ProxyHttp for Edge {
             outcome: "forwarded",
             failed: Vec::new(),
             request_id: String::new(),
-            request_id_given: false,
             admitted: None,
             voucher_place: None,
             span: tracing::Span::none(),
@@ -188,9 +185,11 @@ impl ProxyHttp for Edge {
         upstream_request: &mut RequestHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        // The client's valid id is in the request already; a new one is put there only now,
-        // when the request goes to a core (the edge's own answers take it from `ctx`).
-        if !ctx.request_id_given && !ctx.request_id.is_empty() {
+        // The client's valid id is in the request already (an invalid one was removed); a
+        // new one is put there only now, when the request goes to a core (the edge's own
+        // answers take it from `ctx`).
+        if upstream_request.headers.get(headers::REQUEST_ID).is_none() && !ctx.request_id.is_empty()
+        {
             upstream_request.insert_header(headers::REQUEST_ID, &ctx.request_id)?;
         }
         traces::pass_on(&ctx.span, upstream_request)

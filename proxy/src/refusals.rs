@@ -68,7 +68,7 @@ impl Edge {
         session: &mut Session,
         ctx: &mut Ctx,
     ) -> Result<Option<OwnAnswer>> {
-        self.assign_request_id(session, ctx)?;
+        self.assign_request_id(session, ctx);
         if is_probe(session, EDGE_HEALTH_PATH) {
             return Ok(Some(OwnAnswer::Health));
         }
@@ -154,20 +154,18 @@ impl Edge {
     /// `upstream_request_filter` (written into the request here, it cost every answer of
     /// the edge a header insert it never needed). An invalid one the client sent is
     /// removed, so it cannot reach a core.
-    fn assign_request_id(&self, session: &mut Session, ctx: &mut Ctx) -> Result<()> {
-        match session.req_header().headers.get(headers::REQUEST_ID) {
+    fn assign_request_id(&self, session: &mut Session, ctx: &mut Ctx) {
+        ctx.request_id = match session.req_header().headers.get(headers::REQUEST_ID) {
             Some(v) if request::valid_request_id(v.as_bytes()) => {
-                ctx.request_id = String::from_utf8_lossy(v.as_bytes()).into_owned();
-                ctx.request_id_given = true;
+                String::from_utf8_lossy(v.as_bytes()).into_owned()
             }
             given => {
                 if given.is_some() {
                     session.req_header_mut().remove_header(headers::REQUEST_ID);
                 }
-                ctx.request_id = self.request_ids.next();
+                self.request_ids.next()
             }
-        }
-        Ok(())
+        };
     }
 
     fn over_address_rate(&self, session: &Session) -> Option<OwnAnswer> {
