@@ -35,8 +35,20 @@ pub enum Route {
 
 impl Route {
     pub fn classify(method: &str, path: &str) -> Self {
-        let parts: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
-        match (method, parts.as_slice()) {
+        // The segments, without a heap allocation (this runs for every request the edge
+        // sees). Six places are enough: every exact pattern below has at most five
+        // segments, so a longer path keeps six and matches only the `..` patterns, as it
+        // would whole.
+        let mut parts = [""; 6];
+        let mut n = 0;
+        for (place, segment) in parts
+            .iter_mut()
+            .zip(path.trim_end_matches('/').split('/').skip(1))
+        {
+            *place = segment;
+            n += 1;
+        }
+        match (method, &parts[..n]) {
             ("POST", ["vouchers"]) => Self::CreateVoucher,
             (_, ["vouchers"]) => Self::ManageVoucher,
             ("PATCH", ["vouchers", _]) => Self::ManageVoucher,
@@ -172,6 +184,17 @@ mod tests {
             Route::Release
         );
         assert_eq!(Route::classify("GET", "/healthz"), Route::Other);
+        // Paths longer than any exact pattern: only the prefix patterns take them.
+        assert!(Route::classify("GET", "/vouchers/F1/reservations/o1/a/b/c").is_admin());
+        assert!(Route::classify("POST", "/vouchers/F1/gate/a/b/c/d").is_admin());
+        assert_eq!(
+            Route::classify("POST", "/vouchers/F1/reservations/o1/confirm/x"),
+            Route::Other
+        );
+        assert_eq!(
+            Route::classify("DELETE", "/vouchers/F1/reservations/o1/x/y/z"),
+            Route::Other
+        );
     }
 
     #[test]
