@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
@@ -15,6 +15,26 @@ use crate::http::{self, AppState};
 use crate::metrics::Metrics;
 use crate::service::VoucherService;
 use crate::store::Store;
+
+/// Connections the kernel holds for a listener before they are accepted (capped by
+/// `net.core.somaxconn`). With tokio's `TcpListener::bind` a core's port had 128 (`ss -ltn`): when 1,000 clients
+/// connected at once (an overload benchmark's closed loop; an edge fleet reconnecting
+/// after a restart) the rest of their SYNs were dropped and each such client waited the
+/// kernel's one-second SYN retransmission, which was the p99 of 1.05-1.1 s of those runs'
+/// 201s (`reports/bench/OVERLOAD.md`).
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// A listener on `addr` with [`LISTEN_BACKLOG`]; `SO_REUSEADDR` as tokio's `bind` sets it.
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
 
 pub struct Application {
     api_listener: TcpListener,
@@ -106,11 +126,9 @@ impl Application {
             interval: settings.reservations.expiry_interval,
             batch: settings.reservations.expiry_batch,
         });
-        let api_listener = TcpListener::bind(settings.http.listen)
-            .await
+        let api_listener = listen(settings.http.listen)
             .with_context(|| format!("binding {}", settings.http.listen))?;
-        let metrics_listener = TcpListener::bind(settings.http.metrics_listen)
-            .await
+        let metrics_listener = listen(settings.http.metrics_listen)
             .with_context(|| format!("binding {}", settings.http.metrics_listen))?;
         Ok(Self {
             api_listener,

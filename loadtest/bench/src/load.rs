@@ -171,11 +171,13 @@ pub async fn run(plan: Plan) -> anyhow::Result<Outcome> {
                     late.fetch_add(1, Ordering::Relaxed);
                 }
                 let (method, path, body) = request(i);
-                let (status, by_edge) = match send(&mut sender, target, method, &path, body).await {
+                let Answer {
+                    status, by_edge, ..
+                } = match send(&mut sender, target, method, &path, body).await {
                     Ok(answer) => answer,
                     Err(_) => {
                         sender = None; // reconnect for the next one
-                        (0, false)
+                        Answer::default()
                     }
                 };
                 samples.push(Sample {
@@ -204,14 +206,26 @@ pub async fn run(plan: Plan) -> anyhow::Result<Outcome> {
     })
 }
 
+/// What a closed-model client does after a `503` with `Retry-After`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Client {
+    /// Sends again at once, as after any other answer: the most a client can press.
+    Greedy,
+    /// Waits the `Retry-After` it was given (plus a jitter of up to half of it), as the
+    /// API asks of its clients.
+    WaitsRetryAfter,
+}
+
 /// The closed model: `connections` clients, each sending its next request as soon as its
-/// last was answered, for `duration`. Latency is from each send; there is no schedule to
-/// fall behind, so no late starts. Request numbers are handed out as in [`run`].
+/// last was answered (or, told to retry later, when `client` says), for `duration`.
+/// Latency is from each send; there is no schedule to fall behind, so no late starts.
+/// Request numbers are handed out as in [`run`].
 pub async fn run_closed(
     target: SocketAddr,
     connections: usize,
     duration: Duration,
     request: RequestFn,
+    client: Client,
 ) -> anyhow::Result<Outcome> {
     let next = Arc::new(AtomicU64::new(0));
     let cpu_before = cpu_seconds();
@@ -227,20 +241,27 @@ pub async fn run_closed(
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let sent = Instant::now();
                 let (method, path, body) = request(i);
-                let (status, by_edge) = match send(&mut sender, target, method, &path, body).await {
+                let answer = match send(&mut sender, target, method, &path, body).await {
                     Ok(answer) => answer,
                     Err(_) => {
                         sender = None;
-                        (0, false)
+                        Answer::default()
                     }
                 };
                 samples.push(Sample {
                     at: sent.saturating_duration_since(start),
                     latency: sent.elapsed(),
-                    status,
-                    by_edge,
+                    status: answer.status,
+                    by_edge: answer.by_edge,
                     index: i,
                 });
+                // A client that keeps the contract waits what a 503 says before it sends
+                // again, plus up to half of it more, so refused clients do not come back
+                // as one wave; nothing of the wait is counted as latency.
+                if let (Client::WaitsRetryAfter, Some(wait)) = (client, answer.retry_after) {
+                    let jitter = wait.mul_f64((i.wrapping_mul(0x9E37_79B9) % 1000) as f64 / 2000.0);
+                    tokio::time::sleep_until(end.min(Instant::now() + wait + jitter).into()).await;
+                }
             }
             samples
         }));
@@ -280,13 +301,23 @@ pub async fn hold(
     Ok(held)
 }
 
+/// What the generator keeps of an answer (status 0: none came).
+#[derive(Clone, Copy, Debug, Default)]
+struct Answer {
+    status: u16,
+    /// Answered by the edge itself (`x-served-by`).
+    by_edge: bool,
+    /// A `Retry-After` given in seconds.
+    retry_after: Option<Duration>,
+}
+
 async fn send(
     sender: &mut Option<Sender>,
     target: SocketAddr,
     method: hyper::Method,
     path: &str,
     body: Option<Bytes>,
-) -> anyhow::Result<(u16, bool)> {
+) -> anyhow::Result<Answer> {
     if sender.as_ref().is_none_or(|s| s.is_closed()) {
         let stream = TcpStream::connect(target).await?;
         stream.set_nodelay(true)?;
@@ -309,7 +340,16 @@ async fn send(
     let resp = s.send_request(req).await?;
     let status = resp.status().as_u16();
     let by_edge = resp.headers().contains_key("x-served-by");
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .map(Duration::from_secs);
     // Read the whole body so the connection can carry the next request.
     resp.into_body().collect().await?;
-    Ok((status, by_edge))
+    Ok(Answer {
+        status,
+        by_edge,
+        retry_after,
+    })
 }
