@@ -107,12 +107,12 @@ impl Application {
             store: store.clone(),
             interval: settings.admin.token_refresh,
         };
-        let state = AppState {
+        let state = AppState::new(http::State {
             service,
             credentials,
             draining: draining.clone(),
             admission,
-        };
+        });
         let service = state.service.clone();
         let (router, _doc) = http::api_router(
             state,

@@ -35,9 +35,30 @@ use crate::service::VoucherService;
 use crate::Error;
 use voucher_contract::request::RequestIds;
 
-/// What every handler can reach.
+/// What every handler can reach, behind one `Arc`: axum clones the state for every
+/// extractor and handler of every request, and a clone of the parts themselves (the
+/// service's pool, catalog, channels and metrics, each an `Arc` or a channel end) was two
+/// atomic operations per part, about 1.8% of a core's CPU while it accepted
+/// (`reports/perf/CORE.md`).
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<State>);
+
+impl AppState {
+    pub fn new(state: State) -> Self {
+        Self(Arc::new(state))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = State;
+
+    fn deref(&self) -> &State {
+        &self.0
+    }
+}
+
+/// The parts of [`AppState`].
+pub struct State {
     pub service: VoucherService,
     /// The bearer tokens accepted, with their scopes.
     pub credentials: crate::auth::Credentials,

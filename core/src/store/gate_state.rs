@@ -245,13 +245,25 @@ impl Store {
     }
 
     /// One page of the customers holding uses of `code`, after `after` in id order.
+    ///
+    /// Read along the primary key, whatever the planner's statistics say. Measured on a
+    /// voucher of 280,400 customers in a database never analyzed (autovacuum off): the
+    /// planner expected 606 rows, read all of the voucher's with a bitmap scan and sorted
+    /// them for each page: 160 ms a page, and a page per voucher every round, bounded by
+    /// the voucher's size where this module means to be bounded by the page. Along the
+    /// key, 0.9 ms (`EXPLAIN ANALYZE` of both, same database).
     pub async fn customers_after(
         &self,
         code: &VoucherCode,
         after: &str,
         limit: i64,
     ) -> Result<Vec<String>> {
-        Ok(sqlx::query_scalar(
+        let mut tx = self.pool().begin().await?;
+        super::batch::by_index(&mut tx).await?;
+        sqlx::query("SET LOCAL enable_bitmapscan = off")
+            .execute(&mut *tx)
+            .await?;
+        let page = sqlx::query_scalar(
             "SELECT customer_id FROM customer_usage
              WHERE voucher_code = $1 AND customer_id > $2 AND active_count > 0
              ORDER BY customer_id LIMIT $3",
@@ -259,8 +271,10 @@ impl Store {
         .bind(code.as_str())
         .bind(after)
         .bind(limit)
-        .fetch_all(self.pool())
-        .await?)
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(page)
     }
 
     /// Active uses each of `customers` holds among rows reserved before `at` (a row of that
