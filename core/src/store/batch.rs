@@ -464,6 +464,18 @@ pub(super) async fn by_index(conn: &mut PgConnection) -> Result<(), sqlx::Error>
     Ok(())
 }
 
+/// [`by_index`], and no bitmap scans either: an `ORDER BY` along an index with a `LIMIT`
+/// then reads its page in the index's order and stops, where a planner with stale
+/// statistics expected few rows, read every match in a bitmap scan and sorted them
+/// (the reconciliation's page of customers, the expiry's batch; measured at each).
+pub(super) async fn along_index(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    by_index(conn).await?;
+    sqlx::query("SET LOCAL enable_bitmapscan = off")
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 /// Writes a batch in one statement, [`OPTIMISTIC`] or [`RANKED`] as `ranking` says;
 /// returns what it did.
 ///

@@ -14,6 +14,14 @@ impl Store {
     /// are claimed with `FOR UPDATE SKIP LOCKED` (two workers never wait on each other,
     /// they take different rows) and the status change from RESERVED is what gives a use
     /// back, so a row a confirm or release got to first is not released again.
+    ///
+    /// The batch is claimed along the open reservations' expiry index whatever the
+    /// planner's statistics say (`batch::along_index`). Measured with a million reservations
+    /// due in a database never analyzed (autovacuum off): the planner expected 383 rows,
+    /// read all 994,000 with a bitmap scan and sorted them on disk for every batch of 500,
+    /// 500-650 ms a batch; along the index, about 13 ms. (After a benchmark left 1.1
+    /// million unconfirmed reservations, statements of this batch were seen running for
+    /// minutes each; that was not reproduced.)
     #[tracing::instrument(skip(self))]
     pub async fn release_expired(
         &self,
@@ -21,6 +29,7 @@ impl Store {
         batch: i64,
     ) -> Result<Vec<Reservation>> {
         let mut tx = self.pool().begin().await?;
+        super::batch::along_index(&mut tx).await?;
         let rows: Vec<RedemptionRow> = sqlx::query_as(&format!(
             "WITH due AS (
                  SELECT id FROM redemptions

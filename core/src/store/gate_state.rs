@@ -259,10 +259,7 @@ impl Store {
         limit: i64,
     ) -> Result<Vec<String>> {
         let mut tx = self.pool().begin().await?;
-        super::batch::by_index(&mut tx).await?;
-        sqlx::query("SET LOCAL enable_bitmapscan = off")
-            .execute(&mut *tx)
-            .await?;
+        super::batch::along_index(&mut tx).await?;
         let page = sqlx::query_scalar(
             "SELECT customer_id FROM customer_usage
              WHERE voucher_code = $1 AND customer_id > $2 AND active_count > 0
