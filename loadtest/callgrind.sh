@@ -50,7 +50,7 @@ trap cleanup EXIT
 
 log "starting $BIN under callgrind on :$PORT (instrumentation off until the warm-up is done)"
 start_bg callgrind-core env \
-  VOUCHER__DATABASE__URL="postgres://postgres@127.0.0.1:5432/$db" \
+  VOUCHER__DATABASE__URL="$(local_db_url "$db")" \
   VOUCHER__HTTP__LISTEN="127.0.0.1:$PORT" VOUCHER__HTTP__METRICS_LISTEN="127.0.0.1:$METRICS_PORT" \
   VOUCHER__ADMIN__TOKEN="$TOKEN" \
   VOUCHER__REDIS__URL="redis://127.0.0.1:6379" VOUCHER__REDIS__KEY_PREFIX="$run_id:" \

@@ -23,7 +23,7 @@ cargo build --release -p voucher-core -p voucher-edge
 conf="$RUN_DIR/export-core.toml"
 printf '[http]\nlisten = "127.0.0.1:%s"\nmetrics_listen = "127.0.0.1:%s"\n' "$PORT" "$((PORT + 1000))" >"$conf"
 start_bg export-core env VOUCHER_CONFIG="$conf" \
-  VOUCHER__DATABASE__URL="postgres://postgres@127.0.0.1:5432/$DB" \
+  VOUCHER__DATABASE__URL="$(local_db_url "$DB")" \
   VOUCHER__ADMIN__TOKEN="$TOKEN" "$TARGET_DIR"/release/voucher-core
 trap 'stop_bg export-core; psql -h 127.0.0.1 -U postgres -qc "DROP DATABASE IF EXISTS \"$DB\"" >/dev/null' EXIT
 wait_for_port 127.0.0.1 "$PORT" 60

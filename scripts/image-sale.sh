@@ -26,7 +26,7 @@ trap cleanup EXIT
 cleanup
 ensure_database "$DB"
 "${RUN[@]}" --name vg-image-core \
-  -e VOUCHER__DATABASE__URL="postgres://postgres@127.0.0.1:5432/$DB" \
+  -e VOUCHER__DATABASE__URL="$(local_db_url "$DB")" \
   -e VOUCHER__HTTP__LISTEN=127.0.0.1:8191 -e VOUCHER__HTTP__METRICS_LISTEN=127.0.0.1:9191 \
   -e VOUCHER__ADMIN__TOKEN=image-sale-admin -e VOUCHER__ADMIN__ORDERS_TOKEN=image-sale-orders \
   "$IMAGE" >/dev/null

@@ -81,6 +81,15 @@ ensure_postgres() {
   return 1
 }
 
+# local_db_url NAME: the URL of database NAME on the machine's PostgreSQL, without TLS. Over
+# loopback TLS protects nothing, and sqlx's default (sslmode=prefer, with this machine's
+# server offering TLS) encrypted every statement on both ends: measured with callgrind.sh,
+# see reports/callgrind/REPORT.md. DB_SSLMODE=prefer brings it back for a comparison. A
+# server on another host is reached with sslmode=verify-full (README, "Managed PostgreSQL").
+local_db_url() {
+  echo "postgres://postgres@127.0.0.1:5432/$1?sslmode=${DB_SSLMODE:-disable}"
+}
+
 # ensure_database NAME
 ensure_database() {
   local name=$1
@@ -234,7 +243,8 @@ export PATH="$HOME/.cargo/bin:$PATH"
 # edge in front of them. Logs and pids in run/. DB_NAME picks the database (default vouchers).
 start_stack() {
   local db=${DB_NAME:-vouchers}
-  export VOUCHER__DATABASE__URL="postgres://postgres@127.0.0.1:5432/$db"
+  VOUCHER__DATABASE__URL=$(local_db_url "$db")
+  export VOUCHER__DATABASE__URL
   ensure_build_tools
   ensure_postgres
   ensure_redis
