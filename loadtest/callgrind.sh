@@ -4,13 +4,17 @@
 # same count whatever else runs). For comparing two builds of the reserve path.
 #
 #   ./loadtest/callgrind.sh [CORE_BINARY]      (default: the release build, built first)
+#   CONNECTIONS=new ./loadtest/callgrind.sh    (each request on a new connection, as the
+#                                               counts of reports/callgrind before 2026-12-03)
 #
 # Starts one core under callgrind against PostgreSQL, Redis and tansu (a database, key prefix
 # and topic of its own), with PostgreSQL deciding (the default), reconciliation, expiry, the
 # event writers and the consumer monitor off so that only requests run. Creates a flash
 # voucher, warms it up (gate load, connections, script cache), then counts two phases of N
 # requests each, sent one at a time (so every recorder batch holds one reservation and the
-# count does not depend on timing):
+# count does not depend on timing), all of a phase on one kept connection as a client under
+# load sends them (CONNECTIONS=kept, the default; `new` opens one per request, which counts
+# a connection's set-up, some 16,000 instructions in axum alone, in every request):
 #   accepted: N new orders, each a 201;
 #   refused:  N new orders after the sell-out, each a 409 OUT_OF_STOCK from the gate.
 # Writes the totals per request to OUT/REPORT.md (default reports/callgrind) and keeps the
@@ -19,6 +23,7 @@
 cd "$ROOT"
 
 N=${N:-500}
+CONNECTIONS=${CONNECTIONS:-kept}
 WARM=${WARM:-20}
 OUT=${OUT:-reports/callgrind}
 PORT=${PORT:-8095}
@@ -73,6 +78,10 @@ curl -fsS -o /dev/null -X POST "$api/vouchers" -H "Authorization: Bearer $TOKEN"
 
 # reserve FIRST LAST EXPECTED: one request at a time; fails on any other status.
 reserve() {
+  if [[ $CONNECTIONS == kept ]]; then
+    reserve_kept "$@"
+    return
+  fi
   local i status
   for ((i = $1; i <= $2; i++)); do
     status=$(curl -sS -o /dev/null -w '%{http_code}' -X POST "$api/vouchers/$code/reservations" \
@@ -83,6 +92,28 @@ reserve() {
       return 1
     fi
   done
+}
+
+# The same, every request through one curl, which keeps its connection between them
+# (`next` in its config file).
+reserve_kept() {
+  local i cfg statuses unexpected
+  cfg=$(mktemp) statuses=$(mktemp)
+  for ((i = $1; i <= $2; i++)); do
+    ((i > $1)) && echo next >>"$cfg"
+    printf '%s\n' "url = \"$api/vouchers/$code/reservations\"" 'request = "POST"' \
+      'header = "Content-Type: application/json"' \
+      "data = \"{\\\"customerId\\\":\\\"c$i\\\",\\\"orderId\\\":\\\"$code-o$i\\\",\\\"orderAmount\\\":5000}\"" \
+      'output = "/dev/null"' 'write-out = "%{http_code} %{num_connects}\n"' >>"$cfg"
+  done
+  curl -sS -K "$cfg" >"$statuses"
+  unexpected=$(awk -v want="$3" '$1 != want' "$statuses" | wc -l)
+  if [[ $(wc -l <"$statuses") -ne $(($2 - $1 + 1)) || $unexpected -ne 0 ]]; then
+    echo "requests $1-$2: $unexpected answers other than $3" >&2
+    return 1
+  fi
+  log "requests $1-$2: connections opened: $(awk '{s += $2} END {print s}' "$statuses")"
+  rm -f "$cfg" "$statuses"
 }
 
 log "warm-up: $WARM reservations"
@@ -105,7 +136,7 @@ refused=$(total "$(ls "$OUT"/callgrind.*.out.2)")
   echo "# Instructions per flash reservation in a core (callgrind)"
   echo
   echo "Binary: \`$BIN\` ($(sha256sum "$BIN" | cut -c1-12)), $(date -u +%F), \`N=$N ./loadtest/callgrind.sh\`."
-  echo "PostgreSQL deciding, one request at a time, reconciliation, expiry, writers and monitor off."
+  echo "PostgreSQL deciding, one request at a time (connections: $CONNECTIONS), reconciliation, expiry, writers and monitor off."
   echo
   echo "| phase | requests | instructions | per request |"
   echo "|---|---|---|---|"
