@@ -94,7 +94,7 @@ pub struct DatabaseSettings {
 impl Default for DatabaseSettings {
     fn default() -> Self {
         Self {
-            url: "postgres://postgres@127.0.0.1:5432/vouchers".into(),
+            url: "postgres://postgres@127.0.0.1:5432/vouchers?sslmode=disable".into(),
             max_connections: 20,
             acquire_timeout: Duration::from_secs(2),
             migrate: true,

@@ -21,10 +21,12 @@ pub const ADMIN_TOKEN: &str = "test-admin-token";
 /// The token that reads order lists only (the edge's).
 pub const ORDERS_TOKEN: &str = "test-orders-token";
 
-/// Where the tests' PostgreSQL server is (no database name).
+/// Where the tests' PostgreSQL server is (no database name). Without TLS, as the local
+/// stack: over loopback it protects nothing, and left to sqlx's default (`prefer`) every
+/// statement of every test was encrypted on both ends (README, "Managed PostgreSQL").
 fn server_url() -> String {
     std::env::var("TEST_DATABASE_SERVER")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432?sslmode=disable".into())
 }
 
 /// A fresh, migrated-by-the-app database of our own.

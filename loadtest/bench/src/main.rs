@@ -157,7 +157,7 @@ pub struct StackArgs {
     #[arg(
         long,
         env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/vouchers",
+        default_value = "postgres://postgres@127.0.0.1:5432/vouchers?sslmode=disable",
         hide_env_values = true
     )]
     pub database_url: String,
