@@ -21,7 +21,7 @@ use crate::store::Store;
 /// connected at once (an overload benchmark's closed loop; an edge fleet reconnecting
 /// after a restart) the rest of their SYNs were dropped and each such client waited the
 /// kernel's one-second SYN retransmission, which was the p99 of 1.05-1.1 s of those runs'
-/// 201s (`reports/bench/OVERLOAD.md`).
+/// 201s (`reports/bench/OVERLOAD-backlog.md`).
 const LISTEN_BACKLOG: u32 = 4096;
 
 /// A listener on `addr` with [`LISTEN_BACKLOG`]; `SO_REUSEADDR` as tokio's `bind` sets it.

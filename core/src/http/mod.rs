@@ -38,8 +38,9 @@ use voucher_contract::request::RequestIds;
 /// What every handler can reach, behind one `Arc`: axum clones the state for every
 /// extractor and handler of every request, and a clone of the parts themselves (the
 /// service's pool, catalog, channels and metrics, each an `Arc` or a channel end) was two
-/// atomic operations per part, about 1.8% of a core's CPU while it accepted
-/// (`reports/perf/CORE.md`).
+/// atomic operations per part: the state's clone and the service's drop held 0.53% and
+/// 0.81% of a core's samples in `reports/perf/CORE.md`, 0.90% each in a later
+/// `RATE=5000 ./loadtest/perf-core.sh` run, and left its top 40 with the `Arc`.
 #[derive(Clone)]
 pub struct AppState(Arc<State>);
 
