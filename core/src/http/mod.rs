@@ -11,6 +11,7 @@ mod ledger;
 mod lifecycle;
 pub mod openapi;
 pub mod reservations;
+mod timestamps;
 mod vouchers;
 
 use std::sync::Arc;

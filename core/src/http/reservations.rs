@@ -11,7 +11,7 @@ use voucher_contract::headers;
 use voucher_contract::request::ReserveBody;
 
 use super::extract::{ApiJson, ApiPath};
-use super::{AppState, ErrorBody};
+use super::{timestamps, AppState, ErrorBody};
 use crate::domain::{
     CustomerId, FieldError, Money, OrderId, Reservation, ReservationRequest, VoucherCode,
 };
@@ -68,8 +68,10 @@ pub struct ReservationView {
     /// RESERVED, CONFIRMED or RELEASED.
     #[schema(example = "RESERVED")]
     status: &'static str,
+    #[serde(serialize_with = "timestamps::rfc3339")]
     reserved_at: DateTime<Utc>,
     /// When an unconfirmed reservation is released by the expiry job.
+    #[serde(serialize_with = "timestamps::rfc3339")]
     expires_at: DateTime<Utc>,
 }
 
