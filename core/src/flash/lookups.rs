@@ -6,7 +6,7 @@
 //! request that reaches a core, and one statement each cost a core 136 µs and PostgreSQL
 //! 75 µs per 409; grouped, 101 and 24 (`BENCH_ONLY=reject ./loadtest/bench.sh`, a core's
 //! reject path). Lookups queue (`crate::batching`) and one task takes what has queued and
-//! looks it all up with one statement (`Store::reservations_by_orders`): under load the
+//! looks it all up with one statement (`OrderReader::rows`): under load the
 //! queue fills while the previous statement runs, and a lone lookup does not wait (no
 //! linger). A statement that
 //! does not answer within `DEADLINE` makes its lookups 503s (their retries are new
@@ -63,9 +63,10 @@ impl OrderLookups {
 }
 
 async fn run(store: Store, batches: Batches<Job>) {
+    let mut reader = store.order_reader();
     while let Some(batch) = batches.next().await {
         let ids: Vec<&str> = batch.iter().map(|job| job.order_id.as_str()).collect();
-        match store.reservations_by_orders(&ids, DEADLINE).await {
+        match reader.rows(&ids, DEADLINE).await {
             Ok(rows) => {
                 for job in batch {
                     // One orderId twice in a batch (a concurrent retry) gets its row twice.

@@ -8,9 +8,9 @@ use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 
-use sqlx::pool::PoolConnection;
-use sqlx::{Connection, PgConnection, Postgres};
+use sqlx::{Connection, PgConnection};
 
+use super::kept::KeptConnection;
 use super::partitions::{store_offset, PartitionKey};
 use super::reservations::{RedemptionRow, REDEMPTION_COLUMNS};
 use crate::domain::{Money, Reservation};
@@ -40,12 +40,10 @@ impl super::Store {
 
     /// A writer of decided batches that keeps one connection of the pool between batches
     /// (the recorder's): no test of the connection before each batch, which would cost a
-    /// round trip per batch.
+    /// round trip per batch (`super::kept`).
     pub fn decided_writer(&self) -> DecidedWriter {
         DecidedWriter {
-            store: self.clone(),
-            conn: None,
-            last_used: std::time::Instant::now(),
+            conn: KeptConnection::new(self.pool.clone()),
         }
     }
 }
@@ -54,18 +52,8 @@ impl super::Store {
 /// for what a batch does). A batch that fails with the connection in an unknown state
 /// (an I/O error, the session ended) drops it: the next batch takes a fresh one.
 pub struct DecidedWriter {
-    store: super::Store,
-    conn: Option<PoolConnection<Postgres>>,
-    /// When the kept connection last finished a batch.
-    last_used: std::time::Instant,
+    conn: KeptConnection,
 }
-
-/// A kept connection idle longer than this goes back to the pool before the next batch,
-/// and the pool's test (acquire's ping, bounded by its timeout) vets the one taken then:
-/// under load batches follow each other and nothing is tested; after a lull, a connection
-/// that a restart, a failover or a middlebox dropped meanwhile is found before a batch is
-/// sent on it.
-const KEEP_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The longest a batch may take on the kept connection before its outcome counts as
 /// unknown and the connection is dropped: a connection whose peer vanished without a reset
@@ -103,18 +91,11 @@ impl DecidedWriter {
         generations: &[i64],
         terms: Terms,
     ) -> Result<Recording> {
-        if self.last_used.elapsed() > KEEP_IDLE {
-            // Handed back (not closed): the pool tests it before anyone uses it again.
-            self.conn = None;
-        }
-        let conn = match &mut self.conn {
-            Some(conn) => conn,
+        let conn = match self.conn.get().await {
+            Ok(conn) => conn,
             // No connection, nothing sent: certainly not written, which the caller may act
             // on at once (give the uses back) instead of waiting for reconciliation.
-            None => match self.store.pool.acquire().await {
-                Ok(conn) => self.conn.insert(conn),
-                Err(e) => return Ok(Recording::NotSent(e.into())),
-            },
+            Err(e) => return Ok(Recording::NotSent(e.into())),
         };
         let writing = record_reserved(conn, batch, generations, None, terms);
         let recorded = match tokio::time::timeout(BATCH_DEADLINE, writing).await {
@@ -123,14 +104,7 @@ impl DecidedWriter {
                 "database (batch past its deadline)",
             )),
         };
-        if recorded.is_err() {
-            if let Some(conn) = self.conn.take() {
-                // Closed, not handed back: it may be broken, or inside a failed
-                // transaction. Closing a dead one is bounded too.
-                let _ = tokio::time::timeout(BATCH_DEADLINE, conn.close()).await;
-            }
-        }
-        self.last_used = std::time::Instant::now();
+        self.conn.finish(recorded.is_ok(), BATCH_DEADLINE).await;
         recorded.map(Recording::Done)
     }
 }

@@ -21,6 +21,7 @@
 mod batch;
 mod expiry;
 mod gate_state;
+mod kept;
 mod ledger;
 mod lifecycle;
 mod partitions;
@@ -42,7 +43,7 @@ pub use ledger::LedgerRow;
 pub use lifecycle::{Actor, AuditEvent, StateChange, VoucherFilter};
 pub use partitions::{OwnedPartition, PartitionKey};
 pub use primary::Servers;
-pub use reservations::ReserveOutcome;
+pub use reservations::{OrderReader, ReserveOutcome};
 pub use tokens::TokenRow;
 
 use crate::config::DatabaseSettings;

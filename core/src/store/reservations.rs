@@ -2,6 +2,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{FromRow, PgConnection};
 use voucher_contract::order_filter::OrderFilter;
 
+use super::kept::KeptConnection;
 use super::Store;
 use crate::domain::{CustomerId, Money, OrderId, Reservation, ReservationStatus, VoucherCode};
 use crate::{Error, Result};
@@ -21,6 +22,10 @@ pub(crate) struct RedemptionRow {
 
 pub(crate) const REDEMPTION_COLUMNS: &str = "order_id, voucher_code, customer_id, order_amount, \
      discount_amount, status, reserved_at, expires_at";
+
+/// [`OrderReader::rows`]'s statement: [`REDEMPTION_COLUMNS`] of the function's rows.
+const ROWS_OF_ORDERS: &str = "SELECT order_id, voucher_code, customer_id, order_amount, \
+     discount_amount, status, reserved_at, expires_at FROM redemptions_of_orders($1)";
 
 impl TryFrom<RedemptionRow> for Reservation {
     type Error = Error;
@@ -59,46 +64,12 @@ impl ReserveOutcome {
 }
 
 impl Store {
-    /// The rows of `order_ids`, whatever voucher each belongs to, by orderId (those without
-    /// a row are absent; a row that does not parse back is an error of its own order
-    /// only): one statement for a group of lookups, on a connection of the pool, within
-    /// `deadline`. Past it the connection is closed, not handed back (it may be mid-
-    /// statement on a peer that vanished), and the lookups are unavailable: a stalled
-    /// PostgreSQL costs the waiting requests a 503 after `deadline`, never TCP's timeout.
-    /// The lookup runs where the planner is told to use indexes (`batch::by_index`):
-    /// with the table's statistics missing, a group of orderIds was planned as a scan of
-    /// the whole table.
-    pub async fn reservations_by_orders(
-        &self,
-        order_ids: &[&str],
-        deadline: std::time::Duration,
-    ) -> Result<std::collections::HashMap<String, Result<Reservation>>> {
-        let mut conn = self.pool().acquire().await?;
-        let lookup = async {
-            let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-            super::batch::by_index(&mut tx).await?;
-            let rows: Vec<RedemptionRow> = sqlx::query_as(&format!(
-                "SELECT r.* FROM unnest($1::text[]) AS wanted(order_id),
-                 LATERAL (SELECT {REDEMPTION_COLUMNS} FROM redemptions
-                          WHERE redemptions.order_id = wanted.order_id) AS r"
-            ))
-            .bind(order_ids)
-            .fetch_all(&mut *tx)
-            .await?;
-            tx.commit().await?;
-            Ok::<_, sqlx::Error>(rows)
-        };
-        let rows = match tokio::time::timeout(deadline, lookup).await {
-            Ok(rows) => rows?,
-            Err(_) => {
-                let _ = tokio::time::timeout(deadline, conn.close()).await;
-                return Err(Error::unavailable("database (lookup past its deadline)"));
-            }
-        };
-        Ok(rows
-            .into_iter()
-            .map(|row| (row.order_id.clone(), Reservation::try_from(row)))
-            .collect())
+    /// A reader of orders' rows (the order lookups') that keeps one connection of the
+    /// pool between lookups: no test of the connection before each (`super::kept`).
+    pub fn order_reader(&self) -> OrderReader {
+        OrderReader {
+            conn: KeptConnection::new(self.pool.clone()),
+        }
     }
 
     /// Confirms a reservation. Idempotent: confirming a confirmed one answers the same.
@@ -238,4 +209,44 @@ pub(super) async fn give_back_uses(
         .await?;
     }
     Ok(())
+}
+
+/// Reads orders' rows on a connection it keeps (see [`Store::order_reader`]).
+pub struct OrderReader {
+    conn: KeptConnection,
+}
+
+impl OrderReader {
+    /// The rows of `order_ids`, whatever voucher each belongs to, by orderId (those without
+    /// a row are absent; a row that does not parse back is an error of its own order
+    /// only): one statement for a group of lookups, on the reader's kept connection, within
+    /// `deadline`. Past it the connection is closed, not handed back (it may be mid-
+    /// statement on a peer that vanished), and the lookups are unavailable: a stalled
+    /// PostgreSQL costs the waiting requests a 503 after `deadline`, never TCP's timeout.
+    /// The statement is `redemptions_of_orders`, planned where sequential scans are off
+    /// (`migrations/0008_redemptions_of_orders.sql`): with the table's statistics missing,
+    /// a group of orderIds was once planned as a scan of the whole table.
+    pub async fn rows(
+        &mut self,
+        order_ids: &[&str],
+        deadline: std::time::Duration,
+    ) -> Result<std::collections::HashMap<String, Result<Reservation>>> {
+        let lookup = async {
+            let conn = self.conn.get().await?;
+            sqlx::query_as::<_, RedemptionRow>(ROWS_OF_ORDERS)
+                .bind(order_ids)
+                .fetch_all(conn)
+                .await
+        };
+        let rows = tokio::time::timeout(deadline, lookup).await;
+        self.conn.finish(matches!(rows, Ok(Ok(_))), deadline).await;
+        let rows = match rows {
+            Ok(rows) => rows?,
+            Err(_) => return Err(Error::unavailable("database (lookup past its deadline)")),
+        };
+        Ok(rows
+            .into_iter()
+            .map(|row| (row.order_id.clone(), Reservation::try_from(row)))
+            .collect())
+    }
 }

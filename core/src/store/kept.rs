@@ -1,0 +1,60 @@
+//! A connection of the pool that one worker keeps between its statements (the recorder's
+//! and standard mode's writers, the order lookups): the pool tests a connection it hands
+//! out with a round trip of its own (`test_before_acquire`), which a worker under load
+//! would pay before every batch.
+
+use std::time::{Duration, Instant};
+
+use sqlx::pool::PoolConnection;
+use sqlx::{PgConnection, PgPool, Postgres};
+
+/// A kept connection idle longer than this goes back to the pool before the next statement,
+/// and the pool's test (acquire's ping, bounded by its timeout) vets the one taken then:
+/// under load statements follow each other and nothing is tested; after a lull, a
+/// connection that a restart, a failover or a middlebox dropped meanwhile is found before a
+/// statement is sent on it.
+const KEEP_IDLE: Duration = Duration::from_secs(1);
+
+pub struct KeptConnection {
+    pool: PgPool,
+    conn: Option<PoolConnection<Postgres>>,
+    /// When the kept connection last finished a statement.
+    last_used: Instant,
+}
+
+impl KeptConnection {
+    pub fn new(pool: PgPool) -> Self {
+        Self {
+            pool,
+            conn: None,
+            last_used: Instant::now(),
+        }
+    }
+
+    /// The kept connection, or one from the pool when none is kept or the kept one has been
+    /// idle past [`KEEP_IDLE`]. An error means no connection could be had: nothing was sent.
+    pub async fn get(&mut self) -> Result<&mut PgConnection, sqlx::Error> {
+        if self.last_used.elapsed() > KEEP_IDLE {
+            // Handed back (not closed): the pool tests it before anyone uses it again.
+            self.conn = None;
+        }
+        let conn = match self.conn.take() {
+            Some(conn) => conn,
+            None => self.pool.acquire().await?,
+        };
+        Ok(&mut **self.conn.insert(conn))
+    }
+
+    /// Ends a use of the connection [`Self::get`] gave. One whose work failed (an error,
+    /// a deadline passed) is closed, not handed back: it may be broken, mid-statement on a
+    /// peer that vanished, or inside a failed transaction; closing a dead one is bounded by
+    /// `close_within`.
+    pub async fn finish(&mut self, succeeded: bool, close_within: Duration) {
+        if !succeeded {
+            if let Some(conn) = self.conn.take() {
+                let _ = tokio::time::timeout(close_within, conn.close()).await;
+            }
+        }
+        self.last_used = Instant::now();
+    }
+}
