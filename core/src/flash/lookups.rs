@@ -25,8 +25,8 @@ use crate::{Error, Result};
 /// Lookups taken into one statement, at most.
 const BATCH_MAX: usize = 200;
 
-/// The longest a group's statement may take; the pool's own acquire timeout bounds the
-/// wait for its connection before it.
+/// The longest a group's lookup may take, the wait for a connection (when the task keeps
+/// none) and the statement together.
 const DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
 
 struct Job {

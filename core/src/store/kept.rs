@@ -2,10 +2,16 @@
 //! and standard mode's writers, the order lookups): the pool tests a connection it hands
 //! out with a round trip of its own (`test_before_acquire`), which a worker under load
 //! would pay before every batch.
+//!
+//! A kept connection is not idle in the pool, so when the primary moves (`super::primary`)
+//! it is not among the connections closed then: it is dropped at its next use instead,
+//! when the pool's server is no longer the one it was opened to.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{PgConnection, PgPool, Postgres};
 
 /// A kept connection idle longer than this goes back to the pool before the next statement,
@@ -17,7 +23,8 @@ const KEEP_IDLE: Duration = Duration::from_secs(1);
 
 pub struct KeptConnection {
     pool: PgPool,
-    conn: Option<PoolConnection<Postgres>>,
+    /// The connection, and the pool's server options when it was taken.
+    conn: Option<(PoolConnection<Postgres>, Arc<PgConnectOptions>)>,
     /// When the kept connection last finished a statement.
     last_used: Instant,
 }
@@ -31,18 +38,27 @@ impl KeptConnection {
         }
     }
 
-    /// The kept connection, or one from the pool when none is kept or the kept one has been
-    /// idle past [`KEEP_IDLE`]. An error means no connection could be had: nothing was sent.
+    /// The kept connection, or one from the pool when none is kept, the kept one has been
+    /// idle past [`KEEP_IDLE`], or the pool now opens its connections to another server (the
+    /// primary moved). An error means no connection could be had: nothing was sent.
     pub async fn get(&mut self) -> Result<&mut PgConnection, sqlx::Error> {
-        if self.last_used.elapsed() > KEEP_IDLE {
+        let server = self.pool.connect_options();
+        let kept = match self.conn.take() {
+            // The old primary's: detached from the pool and dropped (its socket closed
+            // without a goodbye, which a frozen server would never answer).
+            Some((conn, opened_to)) if !Arc::ptr_eq(&opened_to, &server) => {
+                drop(conn.detach());
+                None
+            }
             // Handed back (not closed): the pool tests it before anyone uses it again.
-            self.conn = None;
-        }
-        let conn = match self.conn.take() {
-            Some(conn) => conn,
-            None => self.pool.acquire().await?,
+            Some(_) if self.last_used.elapsed() > KEEP_IDLE => None,
+            kept => kept,
         };
-        Ok(&mut **self.conn.insert(conn))
+        let kept = match kept {
+            Some(kept) => kept,
+            None => (self.pool.acquire().await?, server),
+        };
+        Ok(&mut *self.conn.insert(kept).0)
     }
 
     /// Ends a use of the connection [`Self::get`] gave. One whose work failed (an error,
@@ -51,7 +67,7 @@ impl KeptConnection {
     /// `close_within`.
     pub async fn finish(&mut self, succeeded: bool, close_within: Duration) {
         if !succeeded {
-            if let Some(conn) = self.conn.take() {
+            if let Some((conn, _)) = self.conn.take() {
                 let _ = tokio::time::timeout(close_within, conn.close()).await;
             }
         }

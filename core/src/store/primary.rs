@@ -10,9 +10,10 @@
 //! ([`Servers::is_writable`]), and a write that meets one anyway (`25006`) is a 503 the
 //! client retries.
 //!
-//! On a switch the pool's idle connections are closed; those in use at that moment (and a
-//! grouped writer's held one) go back to the pool and stay until they fail (a dead
-//! server's do at their next use) or age out: the core does not fence anything. That a
+//! On a switch the pool's idle connections are closed; those in use at that moment go back
+//! to the pool and stay until they fail (a dead server's do at their next use) or age out:
+//! the core does not fence anything. The connections the grouped writers and the order
+//! lookups keep between statements (`super::kept`) are dropped at their next use. That a
 //! lost primary never takes a write again is the operator's promotion's to ensure
 //! (`scripts/pg-promote.sh`, `docs/RUNBOOK.md`: fence the old primary first). With one
 //! synchronous standby, an old primary that came back would commit nothing anyway: its
