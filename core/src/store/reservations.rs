@@ -24,8 +24,9 @@ pub(crate) const REDEMPTION_COLUMNS: &str = "order_id, voucher_code, customer_id
      discount_amount, status, reserved_at, expires_at";
 
 /// [`OrderReader::rows`]'s statement: [`REDEMPTION_COLUMNS`] of the function's rows.
-const ROWS_OF_ORDERS: &str = "SELECT order_id, voucher_code, customer_id, order_amount, \
-     discount_amount, status, reserved_at, expires_at FROM redemptions_of_orders($1)";
+static ROWS_OF_ORDERS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!("SELECT {REDEMPTION_COLUMNS} FROM redemptions_of_orders($1)")
+});
 
 impl TryFrom<RedemptionRow> for Reservation {
     type Error = Error;
@@ -125,20 +126,27 @@ impl Store {
         }
     }
 
-    /// The order ids of every reservation of a voucher.
+    /// The order ids of every reservation of a voucher (on the indexes, `batch::by_index`:
+    /// a voucher's rows, not the table's).
     pub async fn voucher_order_ids(&self, code: &VoucherCode) -> Result<Vec<String>> {
-        Ok(
-            sqlx::query_scalar("SELECT order_id FROM redemptions WHERE voucher_code = $1")
-                .bind(code.as_str())
-                .fetch_all(self.pool())
-                .await?,
-        )
+        let mut tx = self.pool().begin().await?;
+        super::batch::by_index(&mut tx).await?;
+        let ids = sqlx::query_scalar("SELECT order_id FROM redemptions WHERE voucher_code = $1")
+            .bind(code.as_str())
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(ids)
     }
 
     /// The order ids of every reservation of a voucher as a filter, with the uses it had
     /// left, in one statement (one snapshot): standard vouchers, and flash ones whose gate is
-    /// gone while PostgreSQL decides. `VoucherNotFound` when there is none.
+    /// gone while PostgreSQL decides. `VoucherNotFound` when there is none. On the indexes
+    /// (`batch::by_index`): edges fetch it at every sell-out, while the sale's last accepts
+    /// are still being committed.
     pub async fn voucher_order_filter(&self, code: &VoucherCode) -> Result<OrderFilter> {
+        let mut tx = self.pool().begin().await?;
+        super::batch::by_index(&mut tx).await?;
         let row: Option<(i64, Vec<String>)> = sqlx::query_as(
             "SELECT greatest(v.total_limit - v.used_count, 0)::bigint,
                     coalesce(array_agg(r.order_id) FILTER (WHERE r.order_id IS NOT NULL), '{}')
@@ -147,8 +155,9 @@ impl Store {
              GROUP BY v.code",
         )
         .bind(code.as_str())
-        .fetch_optional(self.pool())
+        .fetch_optional(&mut *tx)
         .await?;
+        tx.commit().await?;
         let (remaining, ids) = row.ok_or(Error::VoucherNotFound)?;
         let mut filter = OrderFilter::with_capacity(ids.len(), remaining as u64);
         for id in &ids {
@@ -233,7 +242,7 @@ impl OrderReader {
     ) -> Result<std::collections::HashMap<String, Result<Reservation>>> {
         let lookup = async {
             let conn = self.conn.get().await?;
-            sqlx::query_as::<_, RedemptionRow>(ROWS_OF_ORDERS)
+            sqlx::query_as::<_, RedemptionRow>(&ROWS_OF_ORDERS)
                 .bind(order_ids)
                 .fetch_all(conn)
                 .await
