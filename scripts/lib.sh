@@ -254,6 +254,20 @@ start_stack() {
   log "building voucher-core and voucher-edge (release; the first build takes several minutes)"
   cargo build --release -p voucher-core -p voucher-edge
 
+  # This checkout's own stack is restarted (start_bg stops what its pid files name); a port
+  # still taken then is another stack's (another clone or worktree, or one started by
+  # hand). Started beside it, the new process could not listen while the old one answered
+  # on its port: a benchmark would measure the old binary on the old database, and its
+  # invariants would find none of its rows (seen: every accepted order "has no row").
+  local name port
+  for name in core core2 edge; do stop_bg "$name"; done
+  for port in 8081 8082 8080 9181 9182 9180; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      log "port $port is taken by a process this checkout did not start ($(ss -ltnpH "sport = :$port" 2>/dev/null | grep -o 'pid=[0-9]*' | head -1)): stop it first (./scripts/down.sh in its checkout)"
+      return 1
+    fi
+  done
+
   log "starting two cores on :8081 and :8082 (metrics :9181, :9182)"
   start_bg core env VOUCHER_CONFIG=config/core.toml "$TARGET_DIR"/release/voucher-core
   wait_for_port 127.0.0.1 8081 60
