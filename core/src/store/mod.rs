@@ -3,7 +3,8 @@
 //! - `vouchers`: create and read vouchers with their counts;
 //! - `lifecycle`: an operator's changes (definition, pause, resume, archive), each with its
 //!   audit row in the same transaction; the lists and the audit trail;
-//! - `reservations`: the standard-mode reservation transaction, confirm, release, reads;
+//! - `reservations`: the standard-mode reservation transaction, confirm, release, reads
+//!   (the order lookups' one statement among them);
 //! - `batch`: reservations decided by the flash gate, recorded many per transaction;
 //! - `partitions`: which core writes which event partition, and where each one is;
 //! - `expiry`: the batch that releases reservations past their TTL;
@@ -12,7 +13,9 @@
 //! - `ledger`: a voucher's reservations for finance: pages by status, one order, the
 //!   export's stream;
 //! - `primary`: which server the pool connects to, when the URL names a primary and its
-//!   standbys.
+//!   standbys;
+//! - `kept`: a pool connection one worker keeps between its statements (the grouped
+//!   writers', the order lookups'), untested while in use, dropped when the primary moves.
 //!
 //! Lock order, to keep transactions free of deadlocks: a redemption row, then the
 //! `customer_usage` rows (sorted), then the `vouchers` rows (sorted). Every transaction
