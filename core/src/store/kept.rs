@@ -74,3 +74,56 @@ impl KeptConnection {
         self.last_used = Instant::now();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use voucher_testkit::helpers::TestDb;
+
+    use super::*;
+
+    async fn backend(conn: &mut PgConnection) -> i32 {
+        sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(conn)
+            .await
+            .expect("a statement on the kept connection")
+    }
+
+    #[tokio::test]
+    async fn the_next_statement_goes_on_the_kept_connection_and_a_failed_one_is_closed() {
+        let db = TestDb::create().await;
+        let pool = PgPool::connect(&db.url).await.expect("pool");
+        let mut kept = KeptConnection::new(pool.clone());
+        let first = backend(kept.get().await.expect("a connection")).await;
+        kept.finish(true, Duration::from_secs(2)).await;
+        let again = backend(kept.get().await.expect("the kept one")).await;
+        assert_eq!(again, first, "kept between statements");
+        kept.finish(false, Duration::from_secs(2)).await;
+        assert_eq!(pool.size(), 0, "closed after a failure, not handed back");
+        let fresh = backend(kept.get().await.expect("a new connection")).await;
+        assert_ne!(fresh, first);
+        drop(kept);
+        pool.close().await;
+        db.drop_db().await;
+    }
+
+    #[tokio::test]
+    async fn a_kept_connection_is_left_once_the_pool_connects_elsewhere() {
+        let db = TestDb::create().await;
+        let pool = PgPool::connect(&db.url).await.expect("pool");
+        let mut kept = KeptConnection::new(pool.clone());
+        let first = backend(kept.get().await.expect("a connection")).await;
+        kept.finish(true, Duration::from_secs(2)).await;
+        // What `primary::Servers::locate` does when the primary moves (here to the same
+        // server under new options: the test has one).
+        pool.set_connect_options((*pool.connect_options()).clone());
+        let after = backend(kept.get().await.expect("a connection to the new server")).await;
+        assert_ne!(
+            after, first,
+            "the old server's connection is not used again"
+        );
+        assert_eq!(pool.size(), 1, "and it is out of the pool, not handed back");
+        drop(kept);
+        pool.close().await;
+        db.drop_db().await;
+    }
+}
