@@ -5,10 +5,11 @@
 //! whatever the gate holds (see `reserve.rs`). After a sell-out that is one lookup per
 //! request that reaches a core, and one statement each cost a core 136 µs and PostgreSQL
 //! 75 µs per 409; grouped, 101 and 24 (`BENCH_ONLY=reject ./loadtest/bench.sh`, a core's
-//! reject path). Lookups queue (`crate::batching`) and one task takes what has queued and
-//! looks it all up with one statement (`OrderReader::rows`): under load the
-//! queue fills while the previous statement runs, and a lone lookup does not wait (no
-//! linger). A statement that
+//! reject path, when a group was still a transaction of four statements). Lookups queue
+//! (`crate::batching`) and one task takes what has queued and looks it all up with one
+//! statement (`OrderReader::rows`, one round trip on a connection the task keeps): under
+//! load the queue fills while the previous statement runs, and a lone lookup does not wait
+//! (no linger). A statement that
 //! does not answer within `DEADLINE` makes its lookups 503s (their retries are new
 //! lookups), so one stalled connection cannot hold every refusal of the core.
 
