@@ -211,7 +211,7 @@ impl Edge {
         session: &mut Session,
         ctx: &mut Ctx,
     ) -> Result<Option<OwnAnswer>> {
-        let Route::Reserve { code } = &ctx.route else {
+        let Route::Reserve { code } = &mut ctx.route else {
             return Ok(None);
         };
         // The route table forgives a trailing '/', the core's router does not (404): such a
@@ -220,8 +220,9 @@ impl Edge {
             return Ok(None);
         }
         // The code as the core reads it (percent-decoded, then checked): every spelling of
-        // a voucher meets its one flag, and one the core refuses never meets a flag.
-        let code = code.clone().filter(|c| VOUCHER_CODE.check(c).is_ok());
+        // a voucher meets its one flag, and one the core refuses never meets a flag. Taken
+        // from the route (which nothing reads it from again) rather than copied.
+        let code = code.take().filter(|c| VOUCHER_CODE.check(c).is_ok());
         let json = session
             .req_header()
             .headers
@@ -382,14 +383,26 @@ impl Edge {
         session.as_mut().enable_retry_buffering();
         let limit = self.settings.max_body_bytes;
         let read = async {
-            let mut body = Vec::new();
+            // A reservation's body comes in one chunk: kept as pingora gave it (a shared
+            // buffer), and copied into one only when a second chunk follows.
+            let mut first: Option<Bytes> = None;
+            let mut joined = Vec::new();
             while let Some(chunk) = session.read_request_body().await? {
-                body.extend_from_slice(&chunk);
-                if body.len() > limit {
+                let read = first.as_ref().map_or(0, Bytes::len) + joined.len() + chunk.len();
+                if read > limit {
                     return Ok(None);
                 }
+                match first.take() {
+                    None if joined.is_empty() => first = Some(chunk),
+                    earlier => {
+                        if let Some(earlier) = earlier {
+                            joined.extend_from_slice(&earlier);
+                        }
+                        joined.extend_from_slice(&chunk);
+                    }
+                }
             }
-            Ok(Some(Bytes::from(body)))
+            Ok(Some(first.unwrap_or_else(|| Bytes::from(joined))))
         };
         match tokio::time::timeout(self.settings.client_timeout, read).await {
             Ok(result) => result,
