@@ -15,7 +15,8 @@ pub struct EdgeSettings {
     pub listen: String,
     /// Prometheus metrics listener, off the public one.
     pub metrics_listen: String,
-    /// Core instances (`host:port`), balanced round-robin among the ready ones. A host may
+    /// Core instances (`host:port`): a reservation goes to its voucher's ready core, the
+    /// rest round-robin among the ready ones (`routing`). A host may
     /// be a DNS name: every address it resolves to is a core (a Kubernetes headless
     /// Service), resolved again every `upstream_resolve_interval`, so cores that come are
     /// found and cores that go are forgotten.

@@ -7,7 +7,6 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue};
 use pingora::http::{RequestHeader, ResponseHeader};
-use pingora::lb::selection::RoundRobin;
 use pingora::lb::LoadBalancer;
 use pingora::prelude::{HttpPeer, ProxyHttp, Session};
 use pingora::proxy::FailToProxy;
@@ -19,11 +18,12 @@ use crate::config::EdgeSettings;
 use crate::flagging::Flagger;
 use crate::metrics::EdgeMetrics;
 use crate::rate_limit::RateLimits;
+use crate::routing::{self, CoreChoice};
 use crate::sold_out::SoldOutCache;
 use crate::traces;
 
 pub struct Edge {
-    pub upstreams: Arc<LoadBalancer<RoundRobin>>,
+    pub upstreams: Arc<LoadBalancer<CoreChoice>>,
     pub sold_out: SoldOutCache,
     pub rate_limits: RateLimits,
     pub metrics: Arc<EdgeMetrics>,
@@ -166,10 +166,13 @@ impl ProxyHttp for Edge {
     }
 
     async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+        // A reservation to its voucher's core, anything else round-robin (`routing`); a
+        // core not ready, or one this request failed on, is passed over for the next.
+        let key = routing::key(ctx.code.as_deref());
         let failed = &ctx.failed;
         let backend = self
             .upstreams
-            .select_with(b"", 256, |b, healthy| {
+            .select_with(key, 256, |b, healthy| {
                 healthy && !failed.contains(&b.addr.to_string())
             })
             .ok_or_else(|| Error::explain(ErrorType::HTTPStatus(503), "no healthy core"))?;

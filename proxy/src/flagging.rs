@@ -13,20 +13,20 @@
 
 use std::sync::Arc;
 
-use pingora::lb::selection::RoundRobin;
 use pingora::lb::LoadBalancer;
 use secrecy::{ExposeSecret, SecretString};
 use voucher_contract::order_filter::{OrderFilter, MAX_BITS};
 use voucher_contract::Route;
 
 use crate::metrics::EdgeMetrics;
+use crate::routing::CoreChoice;
 use crate::sold_out::{Fetch, Refusal, SoldOutCache};
 
 /// What a flag needs to start or be renewed: the flags, a core to ask, and how to ask it.
 #[derive(Clone)]
 pub struct Flagger {
     pub sold_out: SoldOutCache,
-    pub upstreams: Arc<LoadBalancer<RoundRobin>>,
+    pub upstreams: Arc<LoadBalancer<CoreChoice>>,
     /// For the order filter of a sold-out voucher.
     pub http: reqwest::Client,
     /// The cores' `admin.orders_token`.

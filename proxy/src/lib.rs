@@ -2,7 +2,7 @@
 //!
 //! Once a voucher is sold out (or an operator paused it), late flash-sale traffic is
 //! answered here, from a moka cache of flags, and never reaches a core. Everything else is
-//! forwarded round-robin to the ready cores.
+//! forwarded to a ready core: a reservation to its voucher's core, the rest round-robin.
 //!
 //! - [`edge`]: the `ProxyHttp` phases (request id and refusals first, upstream choice,
 //!   setting flags from the cores' answers);
@@ -14,6 +14,7 @@
 //! - [`signals`]: drops a flag at once when a core announces a use given back (or a resume,
 //!   or a raised limit), and starts one when a core announces that a voucher stopped
 //!   taking new reservations;
+//! - [`routing`]: which core a request goes to (a voucher's reservations to one core);
 //! - [`discovery`]: the cores, from names resolved again and again;
 //! - `traces`: the edge's span of a request, continuing the client's trace and passed on
 //!   to the core (tracing on);
@@ -31,6 +32,7 @@ pub mod metrics;
 pub mod places;
 pub mod rate_limit;
 mod refusals;
+pub mod routing;
 pub mod server;
 pub mod signals;
 pub mod sold_out;

@@ -285,37 +285,51 @@ async fn a_released_use_is_taken_again_through_the_edge_within_the_ttl() {
     stack.finish(&accepted).await;
 }
 
+/// A code of `prefix` and a number whose reservations go to `core` of `cores`.
+fn code_going_to(cores: &[&str], core: &str, prefix: &str) -> String {
+    (0..10_000)
+        .map(|i| format!("{prefix}{i}"))
+        .find(|code| voucher_edge::routing::voucher_core(cores, code).as_deref() == Some(core))
+        .expect("a code for every core among 10,000")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn one_core_killed_mid_run_the_other_takes_its_share() {
+async fn a_vouchers_reservations_go_to_one_core_and_the_next_takes_them_when_it_dies() {
     let mut stack = stack(Duration::from_secs(30)).await;
-    stack
-        .app()
-        .given_voucher(voucher_body("HALF", 400, 1))
-        .await;
+    let addresses: Vec<String> = stack.cores.iter().map(|c| c.address().to_owned()).collect();
+    let addresses: Vec<&str> = addresses.iter().map(String::as_str).collect();
+    // The voucher's core is the first core, so that the one left is `stack.cores[0]`.
+    let code = code_going_to(&addresses, addresses[0], "HALF");
+    stack.app().given_voucher(voucher_body(&code, 400, 1)).await;
     let plan = Sale {
         in_flight: 20,
         retries_503: 0,
-        ..Sale::new("HALF", "half", 800)
+        ..Sale::new(&code, "half", 800)
     };
-    let dead = stack.cores.remove(0);
+    let doomed = stack.cores.remove(0);
     let selling = plan.run(&stack.edge().api);
     let kill = async {
-        // Mid-run: once the doomed core has served part of the sale.
+        // Mid-run: once the voucher's core has served part of the sale, and the other
+        // core none of it.
         eventually(
             Duration::from_secs(60),
-            "the doomed core to serve",
-            || async { (reservations_at(&dead).await >= 100.0).then_some(()) },
+            "the voucher's core to serve",
+            || async { (reservations_at(&doomed).await >= 100.0).then_some(()) },
         )
         .await;
-        let survivor_before = reservations_at(&stack.cores[0]).await;
-        dead.stop().await;
-        survivor_before
+        let other_before = reservations_at(&stack.cores[0]).await;
+        doomed.stop().await;
+        other_before
     };
-    let (sale, survivor_before) = tokio::join!(selling, kill);
+    let (sale, other_before) = tokio::join!(selling, kill);
 
+    assert_eq!(
+        other_before, 0.0,
+        "the voucher's reservations all went to its core"
+    );
     assert!(
-        reservations_at(&stack.cores[0]).await > survivor_before + 100.0,
-        "the surviving core took the rest of the sale"
+        reservations_at(&stack.cores[0]).await > 100.0,
+        "the next core took the rest of the sale"
     );
     let refused = sale.count(StatusCode::CONFLICT, "OUT_OF_STOCK");
     let failed: Vec<&Attempt> = sale
@@ -326,6 +340,37 @@ async fn one_core_killed_mid_run_the_other_takes_its_share() {
     assert!(failed.is_empty(), "no request failed: {failed:#?}");
     assert_eq!((sale.created(), refused), (400, 400));
     stack.finish(&sale.accepted()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_core_takes_the_vouchers_of_its_part_of_the_ring() {
+    let stack = stack(Duration::from_secs(30)).await;
+    let addresses: Vec<String> = stack.cores.iter().map(|c| c.address().to_owned()).collect();
+    let addresses: Vec<&str> = addresses.iter().map(String::as_str).collect();
+    let mut accepted = Vec::new();
+    for (i, core) in addresses.iter().enumerate() {
+        let code = code_going_to(&addresses, core, &format!("SPREAD{i}X"));
+        stack.app().given_voucher(voucher_body(&code, 50, 1)).await;
+        let before: Vec<f64> = run_all(stack.cores.iter().map(reservations_at)).await;
+        let sale = Sale::new(&code, &format!("spread{i}"), 20)
+            .run(&stack.edge().api)
+            .await;
+        assert_eq!(sale.created(), 20);
+        let after: Vec<f64> = run_all(stack.cores.iter().map(reservations_at)).await;
+        for (j, (b, a)) in before.iter().zip(&after).enumerate() {
+            let served = a - b;
+            if i == j {
+                assert!(
+                    served >= 20.0,
+                    "voucher {code}: its core {j} served {served}"
+                );
+            } else {
+                assert_eq!(served, 0.0, "voucher {code}: core {j} served {served}");
+            }
+        }
+        accepted.extend(sale.accepted());
+    }
+    stack.finish(&accepted).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -435,14 +480,19 @@ async fn a_core_that_cannot_reach_its_broker_gets_no_traffic() {
         Duration::from_secs(2),
     )
     .await;
+    // A voucher whose core is B while B is ready.
+    let code = code_going_to(&[stack.app().address(), b.address()], b.address(), "READY");
     stack
         .app()
-        .given_voucher(voucher_body("READY", 1000, 1))
+        .given_voucher(voucher_body(&code, 1000, 1))
         .await;
-    // Both cores serve while both are ready.
-    let warm = Sale::new("READY", "warm", 100).run(&edge.api).await;
+    let warm = Sale::new(&code, "warm", 100).run(&edge.api).await;
     assert_eq!(warm.created(), 100);
-    assert!(reservations_at(&b).await > 0.0, "B served while ready");
+    assert!(
+        reservations_at(&b).await >= 100.0,
+        "B served its voucher while ready"
+    );
+    assert_eq!(reservations_at(stack.app()).await, 0.0, "and A none of it");
 
     lonely_broker.kill();
     eventually(
@@ -463,7 +513,7 @@ async fn a_core_that_cannot_reach_its_broker_gets_no_traffic() {
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let b_before = reservations_at(&b).await;
-    let after = Sale::new("READY", "after", 200).run(&edge.api).await;
+    let after = Sale::new(&code, "after", 200).run(&edge.api).await;
     assert_eq!(after.created(), 200, "core A took every request");
     assert_eq!(
         reservations_at(&b).await,
