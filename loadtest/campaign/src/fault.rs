@@ -229,10 +229,22 @@ impl Fault {
         code: &str,
         give_up: Instant,
     ) -> anyhow::Result<Struck> {
-        let core = rng.between(0, stack.cores.len() as u64) as usize;
+        // A fault of one core strikes the core the edges send the round voucher's
+        // reservations to (`voucher_edge::routing`): the one doing the sale's work. (Drawn
+        // all the same, so the seed's later draws stay what they were.)
+        let drawn = rng.between(0, stack.cores.len() as u64) as usize;
+        let (core, whose) = match stack.voucher_core(code) {
+            Some(core) => (core, "the voucher's"),
+            None => (drawn, "drawn"),
+        };
         let mut sessions = Vec::new();
         let mut twins = None;
-        let mut effect = String::new();
+        let mut effect = match self {
+            Fault::KillCore | Fault::PauseCore | Fault::ClockBehind | Fault::PauseCoreLong => {
+                format!("core {} ({whose})", core + 1)
+            }
+            _ => String::new(),
+        };
         let mut paused = None;
         let mut node = None;
         match self {
