@@ -32,6 +32,8 @@ struct SaleDetail {
     writes: i64,
     /// Transactions of the consumer.
     consumer: f64,
+    /// What the edge did with the step's requests around the sell-out.
+    edge: crate::probe::EdgeCounters,
 }
 
 impl Run {
@@ -52,12 +54,14 @@ impl Run {
                 let code = format!("S{run_id}R{rate}");
                 stack.create_voucher(&code, SALE_LIMIT as i64, "flash").await?;
                 let before = stack.sale_counters().await?;
+                let edge_before = stack.edge_counters().await?;
                 let outcome =
                     load::run(reserve_plan(edge, rate, step, &code, "s", SALE_CONNECTIONS)).await?;
                 remember_accepted(accepted, &code, "s", &outcome);
                 let issued = outcome.count(|s| s.status == 201);
                 let (rows, used) = stack.wait_recorded(&code, issued as i64).await?;
                 let after = stack.sale_counters().await?;
+                let edge = stack.edge_counters().await? - edge_before;
                 let (oos0, tx0, w0, ctx0) = before;
                 let (oos1, tx1, w1, ctx1) = after;
                 let note = format!("issued {issued}, rows {rows}, used_count {used}");
@@ -96,6 +100,7 @@ impl Run {
                         commits: tx1 - tx0,
                         writes: w1 - w0,
                         consumer: ctx1 - ctx0,
+                        edge,
                     });
                 }
                 Ok(Step {
@@ -116,7 +121,12 @@ impl Run {
                 &self.out.join("flash-sale-samples-failed.csv"),
                 &failed.outcome,
             )?;
-            failed_breakdown = breakdown(failed.rate, &failed.outcome);
+            let edge = sale_details
+                .lock()
+                .ok()
+                .and_then(|d| d.iter().find(|d| d.rate == failed.rate).map(|d| d.edge))
+                .unwrap_or_default();
+            failed_breakdown = breakdown(failed.rate, &failed.outcome, &edge);
         }
         let sale = best(&flash_steps).or(flash_steps.first());
         if let Some(s) = sale {
@@ -172,8 +182,9 @@ impl Run {
 }
 
 /// The failed step's answers by kind (201; 409 from the edge; 409 from a core, i.e. sent
-/// on after the sell-out) and by quarter second for its first two seconds.
-fn breakdown(rate: u64, o: &crate::load::Outcome) -> String {
+/// on after the sell-out), by quarter second for its first two seconds, and what the edge
+/// did with its requests around the sell-out.
+fn breakdown(rate: u64, o: &crate::load::Outcome, edge: &crate::probe::EdgeCounters) -> String {
     use std::fmt::Write as _;
     let mut md = String::new();
     let _ = writeln!(md, "\n## The failed step ({rate}/s), broken down\n");
@@ -219,5 +230,26 @@ fn breakdown(rate: u64, o: &crate::load::Outcome) -> String {
             fmt_ms(o.percentile(99.0, within)),
         );
     }
+    let fetch_ms = if edge.fetches > 0.0 {
+        format!("{:.1} ms", 1000.0 * edge.fetch_seconds / edge.fetches)
+    } else {
+        "-".into()
+    };
+    let _ = writeln!(
+        md,
+        "\nThe edge over the step (its counters, read before and after): sell-outs heard on \
+         the sold-out channel {:.0}; order filters fetched {:.0}, {fetch_ms} each on average; \
+         reservations that waited for a new flag's filter: {:.0} answered by it, {:.0} sent on \
+         to a core (a holder's, the wait timed out, or too many waited); reservations that \
+         waited for a place at the cores: {:.0} answered by the flag once placed, {:.0} sent \
+         on, {:.0} answered 503.",
+        edge.sold_out_signals,
+        edge.fetches,
+        edge.flag_answered,
+        edge.flag_forwarded,
+        edge.place_answered,
+        edge.place_placed,
+        edge.place_timed_out,
+    );
     md
 }

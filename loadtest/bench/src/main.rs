@@ -145,6 +145,9 @@ pub struct StackArgs {
         default_value = "127.0.0.1:9181,127.0.0.1:9182"
     )]
     pub core_metrics: Vec<String>,
+    /// The edge's metrics endpoint (host:port).
+    #[arg(long, env = "EDGE_METRICS", default_value = "127.0.0.1:9180")]
+    pub edge_metrics: String,
     /// The cores' admin token.
     #[arg(
         long,

@@ -12,6 +12,7 @@ pub struct Stack {
     pub edge: String,
     pub core: String,
     pub core_metrics: Vec<String>,
+    pub edge_metrics: String,
     pub token: String,
     pub db: sqlx::PgPool,
     /// The stack's Redis, and the prefix of the cores' gate keys in it.
@@ -34,6 +35,7 @@ impl Stack {
             edge: args.edge.clone(),
             core: args.core.clone(),
             core_metrics: args.core_metrics.clone(),
+            edge_metrics: args.edge_metrics.clone(),
             token: args.admin_token.clone(),
             db: sqlx::PgPool::connect(&args.database_url).await?,
             redis_url: args.redis_url.clone(),
@@ -187,6 +189,30 @@ impl Stack {
             total += voucher_testkit::metrics::Metrics::parse(&text).sum(name, labels);
         }
         Ok(total)
+    }
+
+    /// The edge's counters of what it did with a sale's requests around the sell-out.
+    pub async fn edge_counters(&self) -> anyhow::Result<EdgeCounters> {
+        let text = self
+            .http
+            .get(format!("http://{}/metrics", self.edge_metrics))
+            .send()
+            .await?
+            .text()
+            .await?;
+        let m = voucher_testkit::metrics::Metrics::parse(&text);
+        let flag = |outcome| m.sum("edge_flag_waits_total", &[("outcome", outcome)]);
+        let place = |outcome| m.sum("edge_voucher_place_waits_total", &[("outcome", outcome)]);
+        Ok(EdgeCounters {
+            sold_out_signals: m.sum("edge_sold_out_signals_total", &[]),
+            fetches: m.sum("edge_order_fetch_seconds_count", &[]),
+            fetch_seconds: m.sum("edge_order_fetch_seconds_sum", &[]),
+            flag_answered: flag("answered"),
+            flag_forwarded: flag("forwarded") + flag("full") + flag("timed_out"),
+            place_answered: place("answered"),
+            place_placed: place("placed"),
+            place_timed_out: place("timed_out"),
+        })
     }
 
     /// What a sale is charged with, read before and after it: OUT_OF_STOCK answers of the
@@ -367,4 +393,41 @@ pub fn machine() -> String {
         .map(|kib| kib / 1024.0 / 1024.0)
         .unwrap_or(0.0);
     format!("{cores} cores ({cpu}), {mem:.0} GiB; the load generator and the whole stack all on this one machine")
+}
+
+/// The edge's counters that say how a sale's requests met its sell-out (`edge_counters`);
+/// a step's are the difference of two readings.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EdgeCounters {
+    /// Sell-outs heard on the sold-out channel.
+    pub sold_out_signals: f64,
+    /// Order filters fetched from a core, and their time all told.
+    pub fetches: f64,
+    pub fetch_seconds: f64,
+    /// Reservations that waited for a new flag's filter and were answered by it, and those
+    /// that went on to a core after all (the filter was the holder's, the wait timed out,
+    /// or too many waited).
+    pub flag_answered: f64,
+    pub flag_forwarded: f64,
+    /// Reservations that waited for a place at the cores: answered by the flag once placed,
+    /// sent on, or answered 503.
+    pub place_answered: f64,
+    pub place_placed: f64,
+    pub place_timed_out: f64,
+}
+
+impl std::ops::Sub for EdgeCounters {
+    type Output = EdgeCounters;
+    fn sub(self, before: EdgeCounters) -> EdgeCounters {
+        EdgeCounters {
+            sold_out_signals: self.sold_out_signals - before.sold_out_signals,
+            fetches: self.fetches - before.fetches,
+            fetch_seconds: self.fetch_seconds - before.fetch_seconds,
+            flag_answered: self.flag_answered - before.flag_answered,
+            flag_forwarded: self.flag_forwarded - before.flag_forwarded,
+            place_answered: self.place_answered - before.place_answered,
+            place_placed: self.place_placed - before.place_placed,
+            place_timed_out: self.place_timed_out - before.place_timed_out,
+        }
+    }
 }
