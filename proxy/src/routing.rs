@@ -6,12 +6,13 @@
 //! voucher's accepts, and its recorder groups them into fewer, larger transactions than
 //! two cores' halves: on the 1,000-use sale, 15 to 21 writing transactions where
 //! round-robin took 29 to 42, and the accepts' p50 and p99 lower at 8,000/s
-//! (`reports/bench/SALE-affinity.md`, which also has the cost: in some runs more of the
-//! sale's requests reach the core around the sell-out). A core that is not ready, or that
-//! this request already failed on, is passed over for the next one on the ring: the
-//! voucher moves while its core is away, and only that core's vouchers move. The ring
-//! follows the cores as discovery finds them; a core that comes or goes takes or gives up
-//! about its share.
+//! (`reports/bench/SALE-affinity.md`, which also has the cost: a grouped commit frees its
+//! batch's places at the edge at once, so near the sell-out a larger wave of waiting
+//! reservations reaches the core, and in some runs more are refused there). A core that is
+//! not ready, or that this request already failed on, is passed over for the next one on
+//! the ring: the voucher moves while its core is away, and only that core's vouchers move.
+//! The ring follows the cores as discovery finds them; a core that comes or goes takes or
+//! gives up about its share.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
