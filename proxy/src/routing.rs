@@ -73,8 +73,11 @@ pub fn key(code: Option<&str>) -> &[u8] {
 /// The core of `cores` (`host:port`, as the edge's upstreams) that `code`'s reservations go
 /// to while every one of them is ready: for tests and tools that must know which core a
 /// sale runs on (the fault campaign strikes it). `None` when no address parses.
-pub fn voucher_core(cores: &[&str], code: &str) -> Option<String> {
-    let backends = cores.iter().filter_map(|a| Backend::new(a).ok()).collect();
+pub fn voucher_core(cores: &[impl AsRef<str>], code: &str) -> Option<String> {
+    let backends = cores
+        .iter()
+        .filter_map(|a| Backend::new(a.as_ref()).ok())
+        .collect();
     let choice = Arc::new(CoreChoice::build(&backends));
     let mut ring = choice.iter(code.as_bytes());
     ring.next().map(|b| b.addr.to_string())

@@ -175,32 +175,30 @@ impl Stack {
         Ok(())
     }
 
+    /// The metrics a process serves at `address` (host:port), parsed.
+    async fn scrape(&self, address: &str) -> anyhow::Result<voucher_testkit::metrics::Metrics> {
+        let text = self
+            .http
+            .get(format!("http://{address}/metrics"))
+            .send()
+            .await?
+            .text()
+            .await?;
+        Ok(voucher_testkit::metrics::Metrics::parse(&text))
+    }
+
     /// Sum of a counter over the cores, for the samples carrying every label of `labels`.
     pub async fn core_counter(&self, name: &str, labels: &[(&str, &str)]) -> anyhow::Result<f64> {
         let mut total = 0.0;
         for m in &self.core_metrics {
-            let text = self
-                .http
-                .get(format!("http://{m}/metrics"))
-                .send()
-                .await?
-                .text()
-                .await?;
-            total += voucher_testkit::metrics::Metrics::parse(&text).sum(name, labels);
+            total += self.scrape(m).await?.sum(name, labels);
         }
         Ok(total)
     }
 
     /// The edge's counters of what it did with a sale's requests around the sell-out.
     pub async fn edge_counters(&self) -> anyhow::Result<EdgeCounters> {
-        let text = self
-            .http
-            .get(format!("http://{}/metrics", self.edge_metrics))
-            .send()
-            .await?
-            .text()
-            .await?;
-        let m = voucher_testkit::metrics::Metrics::parse(&text);
+        let m = self.scrape(&self.edge_metrics).await?;
         let flag = |outcome| m.sum("edge_flag_waits_total", &[("outcome", outcome)]);
         let place = |outcome| m.sum("edge_voucher_place_waits_total", &[("outcome", outcome)]);
         Ok(EdgeCounters {

@@ -108,8 +108,7 @@ impl CampaignStack {
     /// Which of `cores` the edges send `code`'s reservations to while every core is ready.
     pub fn voucher_core(&self, code: &str) -> Option<usize> {
         let addresses: Vec<String> = self.cores.iter().map(CoreProcess::address).collect();
-        let listed: Vec<&str> = addresses.iter().map(String::as_str).collect();
-        let core = voucher_edge::routing::voucher_core(&listed, code)?;
+        let core = voucher_edge::routing::voucher_core(&addresses, code)?;
         addresses.iter().position(|a| *a == core)
     }
 

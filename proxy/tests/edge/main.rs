@@ -286,7 +286,7 @@ async fn a_released_use_is_taken_again_through_the_edge_within_the_ttl() {
 }
 
 /// A code of `prefix` and a number whose reservations go to `core` of `cores`.
-fn code_going_to(cores: &[&str], core: &str, prefix: &str) -> String {
+fn code_going_to(cores: &[impl AsRef<str>], core: &str, prefix: &str) -> String {
     (0..10_000)
         .map(|i| format!("{prefix}{i}"))
         .find(|code| voucher_edge::routing::voucher_core(cores, code).as_deref() == Some(core))
@@ -296,8 +296,7 @@ fn code_going_to(cores: &[&str], core: &str, prefix: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_vouchers_reservations_go_to_one_core_and_the_next_takes_them_when_it_dies() {
     let mut stack = stack(Duration::from_secs(30)).await;
-    let addresses: Vec<String> = stack.cores.iter().map(|c| c.address().to_owned()).collect();
-    let addresses: Vec<&str> = addresses.iter().map(String::as_str).collect();
+    let addresses: Vec<&str> = stack.cores.iter().map(TestApp::address).collect();
     // The voucher's core is the first core, so that the one left is `stack.cores[0]`.
     let code = code_going_to(&addresses, addresses[0], "HALF");
     stack.app().given_voucher(voucher_body(&code, 400, 1)).await;
@@ -345,8 +344,7 @@ async fn a_vouchers_reservations_go_to_one_core_and_the_next_takes_them_when_it_
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_core_takes_the_vouchers_of_its_part_of_the_ring() {
     let stack = stack(Duration::from_secs(30)).await;
-    let addresses: Vec<String> = stack.cores.iter().map(|c| c.address().to_owned()).collect();
-    let addresses: Vec<&str> = addresses.iter().map(String::as_str).collect();
+    let addresses: Vec<&str> = stack.cores.iter().map(TestApp::address).collect();
     let mut accepted = Vec::new();
     for (i, core) in addresses.iter().enumerate() {
         let code = code_going_to(&addresses, core, &format!("SPREAD{i}X"));
