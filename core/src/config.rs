@@ -19,6 +19,7 @@ use serde::Deserialize;
 #[serde(deny_unknown_fields, default)]
 pub struct Settings {
     pub http: HttpSettings,
+    pub runtime: RuntimeSettings,
     pub database: DatabaseSettings,
     pub admin: AdminSettings,
     pub reservations: ReservationSettings,
@@ -34,6 +35,15 @@ pub struct Settings {
     pub standard: StandardSettings,
     /// How many reservations the core works on at once; the rest get `503 OVERLOADED`.
     pub admission: voucher_admission::AdmissionSettings,
+}
+
+/// The async runtime the process runs on.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeSettings {
+    /// Worker threads of tokio's runtime; 0 (the default) is tokio's own choice, one per
+    /// CPU.
+    pub worker_threads: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -689,6 +699,7 @@ mod tests {
                 ),
                 ("VOUCHER__KAFKA__PROPERTIES__SASL_PASSWORD", "hunter2"),
                 ("VOUCHER__FLASH__ROW_WAIT", "2s"),
+                ("VOUCHER__RUNTIME__WORKER_THREADS", "1"),
             ],
         )
         .expect("valid");
@@ -706,6 +717,7 @@ mod tests {
         assert_eq!(config.get("sasl.password"), Some("hunter2"));
         assert_eq!(config.get("bootstrap.servers"), Some("k1:9093,k2:9093"));
         assert_eq!(s.flash.row_wait, Duration::from_secs(2));
+        assert_eq!(s.runtime.worker_threads, 1);
         let printed = format!("{s:?}");
         assert!(printed.contains("sasl.password") && !printed.contains("hunter2"));
         assert!(

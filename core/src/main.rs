@@ -42,9 +42,11 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let settings = Settings::load()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if settings.runtime.worker_threads > 0 {
+        builder.worker_threads(settings.runtime.worker_threads);
+    }
+    let runtime = builder.enable_all().build()?;
     match cli.command {
         Some(Command::Tokens(command)) => {
             return runtime.block_on(voucher_core::auth::cli::run(&settings, command))
