@@ -41,8 +41,8 @@ pub struct Settings {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RuntimeSettings {
-    /// Worker threads of tokio's runtime; 0 (the default) is tokio's own choice, one per
-    /// CPU.
+    /// Worker threads of tokio's runtime; 0 (the default) is tokio's own choice: one per
+    /// CPU, or `TOKIO_WORKER_THREADS` when that is set.
     pub worker_threads: usize,
 }
 
