@@ -35,6 +35,7 @@ for round in $(seq "$ROUNDS"); do
     # two shared cores, where wrk and the edge take turns.
     cpu=$(awk -v t=$((after - before)) -v n="$answers" 'BEGIN{printf "%.1f", t * 1e4 / n}')
     echo "round $round, $variant: $((answers / 5)) requests/s, $cpu µs of the edge's CPU per answer, peak RSS $peak MiB"
-    kill "$EDGE_PID"; wait "$EDGE_PID" 2>/dev/null || true
+    # Measured: no graceful shutdown to wait for (pingora's own lasts a minute).
+    kill -9 "$EDGE_PID"; wait "$EDGE_PID" 2>/dev/null || true
   done
 done

@@ -35,6 +35,23 @@ pub enum Route {
 
 impl Route {
     pub fn classify(method: &str, path: &str) -> Self {
+        // A reservation first, as its own pattern below would take it: the edge sees
+        // little else at a sale's peak, and this spares it the segments and the table.
+        if method == "POST" {
+            let code = path
+                .strip_prefix("/vouchers/")
+                .and_then(|rest| rest.strip_suffix("/reservations"));
+            if let Some(code) = code.filter(|c| !c.is_empty() && !c.contains('/')) {
+                return Self::Reserve {
+                    code: crate::request::decode_segment(code),
+                };
+            }
+        }
+        Self::by_segments(method, path)
+    }
+
+    /// Every call, from the path's segments.
+    fn by_segments(method: &str, path: &str) -> Self {
         // The segments, without a heap allocation (this runs for every request the edge
         // sees). Six places are enough: every exact pattern below has at most five
         // segments, so a longer path keeps six and matches only the `..` patterns, as it
@@ -136,6 +153,35 @@ impl Route {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_reservations_shortcut_agrees_with_the_table() {
+        let paths = [
+            "/vouchers/F1/reservations",
+            "/vouchers/F1/reservations/",
+            "/vouchers//reservations",
+            "/vouchers/%46%31/reservations",
+            "/vouchers/%ff/reservations",
+            "/vouchers/F1/x/reservations",
+            "//vouchers/F1/reservations",
+            "/vouchers/reservations",
+            "/vouchers/F1/reservationsx",
+            "/vouchers/F1/reservations/o1",
+            "/vouchersF1/reservations",
+            "/vouchers/F1",
+            "/",
+            "",
+        ];
+        for method in ["POST", "GET", "post"] {
+            for path in paths {
+                assert_eq!(
+                    Route::classify(method, path),
+                    Route::by_segments(method, path),
+                    "{method} {path}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn classifies_the_api() {

@@ -76,7 +76,7 @@ pub struct Ctx {
 static CONTENT_TYPE_JSON: HeaderValue = HeaderValue::from_static("application/json");
 static SERVED_BY: HeaderName = HeaderName::from_static(headers::SERVED_BY);
 static SERVED_BY_EDGE: HeaderValue = HeaderValue::from_static("edge");
-static REQUEST_ID: HeaderName = HeaderName::from_static(headers::REQUEST_ID);
+pub(crate) static REQUEST_ID: HeaderName = HeaderName::from_static(headers::REQUEST_ID);
 
 /// Writes a complete JSON answer of the edge's own (`x-served-by: edge`, the request's
 /// `x-request-id`), keeping the connection alive (a Content-Length is what allows
@@ -191,8 +191,7 @@ impl ProxyHttp for Edge {
         // The client's valid id is in the request already (an invalid one was removed); a
         // new one is put there only now, when the request goes to a core (the edge's own
         // answers take it from `ctx`).
-        if upstream_request.headers.get(headers::REQUEST_ID).is_none() && !ctx.request_id.is_empty()
-        {
+        if upstream_request.headers.get(&REQUEST_ID).is_none() && !ctx.request_id.is_empty() {
             upstream_request.insert_header(headers::REQUEST_ID, &ctx.request_id)?;
         }
         traces::pass_on(&ctx.span, upstream_request)
@@ -248,7 +247,7 @@ impl ProxyHttp for Edge {
         ctx: &mut Ctx,
     ) -> Result<()> {
         // The core echoes it already; a core that did not still gets the client its id.
-        if response.headers.get(headers::REQUEST_ID).is_none() {
+        if response.headers.get(&REQUEST_ID).is_none() {
             response.insert_header(headers::REQUEST_ID, &ctx.request_id)?;
         }
         if let (Some(code), true) = (&ctx.code, self.settings.sold_out_answers) {

@@ -1,7 +1,7 @@
 //! voucher-edge: the Pingora edge of the voucher gate.
 //!
 //! Once a voucher is sold out (or an operator paused it), late flash-sale traffic is
-//! answered here, from a moka cache of flags, and never reaches a core. Everything else is
+//! answered here, from a table of flags with a TTL, and never reaches a core. Everything else is
 //! forwarded to a ready core: a reservation to its voucher's core, the rest round-robin.
 //!
 //! - [`edge`]: the `ProxyHttp` phases (request id and refusals first, upstream choice,

@@ -1,5 +1,5 @@
-//! Flags of vouchers that take no new reservation, per voucher code, in a moka cache with
-//! a short TTL: sold out, or paused (or archived) by an operator.
+//! Flags of vouchers that take no new reservation, per voucher code, each with a short
+//! TTL: sold out, or paused (or archived) by an operator.
 //!
 //! A flag is set when a core answers OUT_OF_STOCK (VOUCHER_PAUSED, VOUCHER_ARCHIVED), or
 //! when a core announces that a gate took a voucher's last use or that an operator paused
@@ -30,12 +30,18 @@
 //! Keys are voucher codes as the core reads them (percent-decoded and valid), so one
 //! voucher has one flag. One fetch per voucher at a time, and at most one per
 //! `fetch_interval`, whatever clients send.
+//!
+//! The flags are a map behind a read-write lock ([`Flags`]), read by every reservation the
+//! edge screens and written a few times per flagged voucher and TTL: a moka cache here
+//! (whose reads record themselves for its eviction policy and read its clock) cost the
+//! reject path about 750 instructions an answer more (`reports/callgrind/EDGE.md`). The
+//! fetch intervals, touched only when a flag begins or renews, stay in a moka cache.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use moka::ops::compute::Op;
 use moka::sync::Cache;
 use tokio::sync::watch;
 use voucher_contract::order_filter::OrderFilter;
@@ -87,9 +93,97 @@ pub enum Verdict {
     },
 }
 
+/// The flags by voucher code, each until its TTL ends (a newer write of the code starts
+/// a new TTL), at most `capacity` of them. A lapsed flag is no flag: it is taken out when
+/// the map is full and a new one comes; when none has lapsed then, the new one is not
+/// stored, and that voucher's reservations go to the cores as if it had none (never a
+/// wrong refusal).
+struct Flags {
+    map: RwLock<HashMap<String, Stored>>,
+    ttl: Duration,
+    capacity: usize,
+}
+
+struct Stored {
+    flag: Flag,
+    until: Instant,
+}
+
+/// What a write does with the flag stored for a code (`None`: none, or a lapsed one).
+enum Write {
+    Keep,
+    Put(Flag),
+    Remove,
+}
+
+impl Flags {
+    fn new(ttl: Duration, capacity: u64) -> Self {
+        Self {
+            map: RwLock::new(HashMap::new()),
+            ttl,
+            capacity: usize::try_from(capacity).unwrap_or(usize::MAX),
+        }
+    }
+
+    /// The flag of `code`, unless it lapsed before `now`. (A panic elsewhere while the
+    /// lock was held left no half-written flag: each write is one map operation.)
+    fn get(&self, code: &str, now: Instant) -> Option<Flag> {
+        let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+        map.get(code)
+            .filter(|stored| stored.until > now)
+            .map(|stored| stored.flag.clone())
+    }
+
+    /// Decides, from the live flag of `code` (if any), what to write, atomically with
+    /// respect to every other read and write: `true` when it put a flag.
+    fn write(&self, code: &str, decide: impl FnOnce(Option<&Flag>) -> Write) -> bool {
+        let now = Instant::now();
+        let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+        let live = map
+            .get(code)
+            .filter(|stored| stored.until > now)
+            .map(|stored| &stored.flag);
+        match decide(live) {
+            Write::Keep => false,
+            Write::Remove => {
+                map.remove(code);
+                false
+            }
+            Write::Put(flag) => {
+                if !map.contains_key(code) && map.len() >= self.capacity {
+                    map.retain(|_, stored| stored.until > now);
+                    if map.len() >= self.capacity {
+                        return false;
+                    }
+                }
+                let until = now + self.ttl;
+                map.insert(code.to_owned(), Stored { flag, until });
+                true
+            }
+        }
+    }
+
+    fn remove(&self, code: &str) {
+        let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+        map.remove(code);
+    }
+
+    fn clear(&self) {
+        let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+        map.clear();
+    }
+
+    /// Flags that have not lapsed.
+    fn live(&self) -> usize {
+        let now = Instant::now();
+        let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+        map.values().filter(|stored| stored.until > now).count()
+    }
+}
+
 #[derive(Clone)]
 pub struct SoldOutCache {
-    flags: Cache<String, Flag>,
+    flags: Arc<Flags>,
     /// Vouchers whose filter was fetched less than `fetch_interval` ago: no new flag yet.
     fetched: Cache<String, ()>,
     next_id: Arc<AtomicU64>,
@@ -100,10 +194,7 @@ pub struct SoldOutCache {
 impl SoldOutCache {
     pub fn new(ttl: Duration, fetch_interval: Duration, capacity: u64) -> Self {
         Self {
-            flags: Cache::builder()
-                .time_to_live(ttl)
-                .max_capacity(capacity)
-                .build(),
+            flags: Arc::new(Flags::new(ttl, capacity)),
             fetched: Cache::builder()
                 .time_to_live(fetch_interval.max(Duration::from_millis(1)))
                 .max_capacity(capacity)
@@ -116,7 +207,8 @@ impl SoldOutCache {
     /// What to do with a reservation of `order_id` (when it could be read) for `code`: one
     /// lookup of the flag decides the answer and whether it renews the flag.
     pub fn verdict(&self, code: &str, order_id: Option<&str>) -> Verdict {
-        match (self.flags.get(code), order_id) {
+        let now = Instant::now();
+        match (self.flags.get(code, now), order_id) {
             (
                 Some(Flag::Ready {
                     id,
@@ -127,7 +219,7 @@ impl SoldOutCache {
                 Some(order),
             ) if !orders.may_contain(order) => Verdict::Refuse {
                 refusal,
-                renew: self.claim_renewal(code, id, stored),
+                renew: self.claim_renewal(code, id, now.saturating_duration_since(stored)),
             },
             (Some(Flag::Pending { settled, .. }), Some(_)) => Verdict::Wait(settled),
             _ => Verdict::Forward,
@@ -144,14 +236,10 @@ impl SoldOutCache {
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (settle, settled) = watch::channel(());
-        let result =
-            self.flags
-                .entry(code.to_owned())
-                .and_compute_with(|existing| match existing {
-                    Some(_) => Op::Nop,
-                    None => Op::Put(Flag::Pending { id, settled }),
-                });
-        let inserted = matches!(result, moka::ops::compute::CompResult::Inserted(_));
+        let inserted = self.flags.write(code, |existing| match existing {
+            Some(_) => Write::Keep,
+            None => Write::Put(Flag::Pending { id, settled }),
+        });
         if inserted {
             self.fetched.insert(code.to_owned(), ());
         }
@@ -167,25 +255,21 @@ impl SoldOutCache {
     /// answering until this replaces it.
     pub fn complete(&self, code: &str, id: u64, orders: OrderFilter, refusal: Refusal) -> bool {
         let orders = Arc::new(orders);
-        let result =
-            self.flags
-                .entry(code.to_owned())
-                .and_compute_with(|existing| match existing {
-                    Some(entry) if flag_id(entry.value()) == id => Op::Put(Flag::Ready {
-                        id: self.next_id.fetch_add(1, Ordering::Relaxed),
-                        orders: orders.clone(),
-                        refusal,
-                        stored: Instant::now(),
-                    }),
-                    _ => Op::Nop,
-                });
-        matches!(result, moka::ops::compute::CompResult::ReplacedWith(_))
+        self.flags.write(code, |existing| match existing {
+            Some(flag) if flag_id(flag) == id => Write::Put(Flag::Ready {
+                id: self.next_id.fetch_add(1, Ordering::Relaxed),
+                orders,
+                refusal,
+                stored: Instant::now(),
+            }),
+            _ => Write::Keep,
+        })
     }
 
     /// Flag `id` of `code`, stored at `stored`, when it is due for renewal (older than half
     /// its TTL) and no fetch for the voucher ran within `fetch_interval`. `None`: no fetch.
-    fn claim_renewal(&self, code: &str, id: u64, stored: Instant) -> Option<u64> {
-        if stored.elapsed() < self.renew_after || self.fetched.contains_key(code) {
+    fn claim_renewal(&self, code: &str, id: u64, age: Duration) -> Option<u64> {
+        if age < self.renew_after || self.fetched.contains_key(code) {
             return None;
         }
         // Single flight: the first caller past the check claims the interval.
@@ -199,29 +283,27 @@ impl SoldOutCache {
 
     /// Drops the flag of `code` (fetch failed, a use was given back, the voucher resumed).
     pub fn clear(&self, code: &str) {
-        self.flags.invalidate(code);
+        self.flags.remove(code);
     }
 
     /// Drops every flag: after the availability channel was lost, any announcement may
     /// have been missed meanwhile.
     pub fn clear_all(&self) {
-        self.flags.invalidate_all();
+        self.flags.clear();
     }
 
     /// Drops flag `id` only (a failed fetch must not drop a newer flag; a renewal that
     /// found uses left drops the flag it renewed).
     pub fn abandon(&self, code: &str, id: u64) {
-        self.flags
-            .entry(code.to_owned())
-            .and_compute_with(|existing| match existing {
-                Some(entry) if flag_id(entry.value()) == id => Op::Remove,
-                _ => Op::Nop,
-            });
+        self.flags.write(code, |existing| match existing {
+            Some(flag) if flag_id(flag) == id => Write::Remove,
+            _ => Write::Keep,
+        });
     }
 
+    /// Flags that have not lapsed.
     pub fn len(&self) -> u64 {
-        self.flags.run_pending_tasks();
-        self.flags.entry_count()
+        u64::try_from(self.flags.live()).unwrap_or(u64::MAX)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -361,6 +443,28 @@ mod tests {
                 refusal: Refusal::SoldOut,
                 renew: None
             }
+        );
+    }
+
+    #[test]
+    fn a_full_table_takes_a_new_flag_only_in_place_of_a_lapsed_one() {
+        // A TTL no run outlasts: V's flag holds throughout.
+        let c = SoldOutCache::new(Duration::from_secs(60), Duration::from_millis(1), 1);
+        let id = c.begin("V").expect("flag").id;
+        assert!(c.complete("V", id, filter(&[]), Refusal::SoldOut));
+        assert!(c.begin("W").is_none(), "no place while V's flag holds");
+        assert_eq!(answer(&c, "W", Some("o1")), Answer::Forward);
+        assert_eq!(c.len(), 1);
+        // A TTL that has surely lapsed after the sleep (sleeps only ever overrun).
+        let c = SoldOutCache::new(Duration::from_millis(30), Duration::from_millis(1), 1);
+        let id = c.begin("V").expect("flag").id;
+        assert!(c.complete("V", id, filter(&[]), Refusal::SoldOut));
+        std::thread::sleep(Duration::from_millis(60));
+        assert_eq!(c.len(), 0, "a lapsed flag is no flag");
+        let id = c.begin("W").expect("V's lapsed flag made room").id;
+        assert!(
+            c.complete("W", id, filter(&[]), Refusal::Paused),
+            "W's flag is stored"
         );
     }
 
