@@ -6,7 +6,6 @@
 
 use std::net::IpAddr;
 use std::sync::LazyLock;
-use std::time::Instant;
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue};
@@ -385,51 +384,37 @@ impl Edge {
     pub(crate) async fn read_body(&self, session: &mut Session) -> Result<Option<Bytes>> {
         session.as_mut().enable_retry_buffering();
         let limit = self.settings.max_body_bytes;
-        // The whole body within client_timeout, bounded by the session's own read timeout
-        // set to what is left of it before each read: pingora starts a timer only for a
-        // read that has to wait, so a body that came with its head (a reservation's, as a
-        // rule) costs no timer at all, where a tokio timeout around the loop cost every
-        // one (`reports/callgrind/EDGE.md`). The edge serves HTTP/1.1 only, whose
-        // sessions take a read timeout.
-        let deadline = Instant::now() + self.settings.client_timeout;
-        // A reservation's body comes in one chunk: kept as pingora gave it (a shared
-        // buffer), and copied into one only when a second chunk follows.
-        let mut first: Option<Bytes> = None;
-        let mut joined = Vec::new();
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(Error::explain(
-                    ErrorType::ReadTimedout,
-                    "request body not received within client_timeout",
-                )
-                .into_down());
-            }
-            session.as_mut().set_read_timeout(Some(left));
-            // Whatever fails here is the client's (a timeout, a broken body, a closed
-            // connection): answered 400 by fail_to_proxy, and the connection closed.
-            let Some(chunk) = session
-                .read_request_body()
-                .await
-                .map_err(|e| e.into_down())?
-            else {
-                break;
-            };
-            let read = first.as_ref().map_or(0, Bytes::len) + joined.len() + chunk.len();
-            if read > limit {
-                return Ok(None);
-            }
-            match first.take() {
-                None if joined.is_empty() => first = Some(chunk),
-                earlier => {
-                    if let Some(earlier) = earlier {
-                        joined.extend_from_slice(&earlier);
+        let read = async {
+            // A reservation's body comes in one chunk: kept as pingora gave it (a shared
+            // buffer), and copied into one only when a second chunk follows.
+            let mut first: Option<Bytes> = None;
+            let mut joined = Vec::new();
+            while let Some(chunk) = session.read_request_body().await? {
+                let read = first.as_ref().map_or(0, Bytes::len) + joined.len() + chunk.len();
+                if read > limit {
+                    return Ok(None);
+                }
+                match first.take() {
+                    None if joined.is_empty() => first = Some(chunk),
+                    earlier => {
+                        if let Some(earlier) = earlier {
+                            joined.extend_from_slice(&earlier);
+                        }
+                        joined.extend_from_slice(&chunk);
                     }
-                    joined.extend_from_slice(&chunk);
                 }
             }
+            Ok(Some(first.unwrap_or_else(|| Bytes::from(joined))))
+        };
+        match tokio::time::timeout(self.settings.client_timeout, read).await {
+            Ok(result) => result,
+            // A client's fault: answered 400 by fail_to_proxy, and the connection closed.
+            Err(_) => Err(Error::explain(
+                ErrorType::ReadTimedout,
+                "request body not received within client_timeout",
+            )
+            .into_down()),
         }
-        Ok(Some(first.unwrap_or_else(|| Bytes::from(joined))))
     }
 
     async fn rate_limited(&self, session: &mut Session, id: &str, by: Limited) -> Result<()> {
