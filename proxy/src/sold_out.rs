@@ -94,10 +94,11 @@ pub enum Verdict {
 }
 
 /// The flags by voucher code, each until its TTL ends (a newer write of the code starts
-/// a new TTL), at most `capacity` of them. A lapsed flag is no flag: it is taken out when
-/// the map is full and a new one comes; when none has lapsed then, the new one is not
-/// stored, and that voucher's reservations go to the cores as if it had none (never a
-/// wrong refusal).
+/// a new TTL), at most `capacity` of them. A lapsed flag is no flag, and is taken out
+/// (with its order filter) when the flags are counted, which the edge does every second
+/// for its `edge_sold_out_flags` gauge, or when the map is full and a new one comes; when
+/// none has lapsed then, the new one is not stored, and that voucher's reservations go to
+/// the cores as if it had none (never a wrong refusal).
 struct Flags {
     map: RwLock<HashMap<String, Stored>>,
     ttl: Duration,
@@ -173,11 +174,12 @@ impl Flags {
         map.clear();
     }
 
-    /// Flags that have not lapsed.
-    fn live(&self) -> usize {
+    /// Takes out the lapsed flags; the number left.
+    fn purge(&self) -> usize {
         let now = Instant::now();
-        let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
-        map.values().filter(|stored| stored.until > now).count()
+        let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+        map.retain(|_, stored| stored.until > now);
+        map.len()
     }
 }
 
@@ -301,9 +303,9 @@ impl SoldOutCache {
         });
     }
 
-    /// Flags that have not lapsed.
+    /// Flags that have not lapsed (the lapsed ones are dropped on the way).
     pub fn len(&self) -> u64 {
-        u64::try_from(self.flags.live()).unwrap_or(u64::MAX)
+        u64::try_from(self.flags.purge()).unwrap_or(u64::MAX)
     }
 
     pub fn is_empty(&self) -> bool {
