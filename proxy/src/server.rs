@@ -26,7 +26,8 @@ use crate::signals::AvailabilitySignals;
 use crate::sold_out::SoldOutCache;
 
 /// Keeps the gauge of sold-out flags current (flags also end by their TTL, which no
-/// event announces).
+/// event announces). Counting them also takes the lapsed ones out, with their order
+/// filters (`SoldOutCache::len`): this task is what frees them.
 struct FlagGauge {
     metrics: Arc<EdgeMetrics>,
     sold_out: SoldOutCache,

@@ -32,7 +32,8 @@
 //! `fetch_interval`, whatever clients send.
 //!
 //! The flags are a map behind a read-write lock ([`Flags`]), read by every reservation the
-//! edge screens and written a few times per flagged voucher and TTL: a moka cache here
+//! edge screens, written a few times per flagged voucher and TTL, and swept of lapsed flags
+//! once a second: a moka cache here
 //! (whose reads record themselves for its eviction policy and read its clock) cost the
 //! reject path about 750 instructions an answer more (`reports/callgrind/EDGE.md`). The
 //! fetch intervals, touched only when a flag begins or renews, stay in a moka cache.
@@ -127,7 +128,8 @@ impl Flags {
     }
 
     /// The flag of `code`, unless it lapsed before `now`. (A panic elsewhere while the
-    /// lock was held left no half-written flag: each write is one map operation.)
+    /// lock was held left no half-written flag: a flag is put or removed in one map
+    /// operation.)
     fn get(&self, code: &str, now: Instant) -> Option<Flag> {
         let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
         map.get(code)
@@ -138,8 +140,8 @@ impl Flags {
     /// Decides, from the live flag of `code` (if any), what to write, atomically with
     /// respect to every other read and write: `true` when it put a flag.
     fn write(&self, code: &str, decide: impl FnOnce(Option<&Flag>) -> Write) -> bool {
-        let now = Instant::now();
         let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
         let live = map
             .get(code)
             .filter(|stored| stored.until > now)
@@ -157,7 +159,11 @@ impl Flags {
                         return false;
                     }
                 }
-                let until = now + self.ttl;
+                // A TTL past what an `Instant` holds (a configuration error): no flag,
+                // rather than a panic in a request.
+                let Some(until) = now.checked_add(self.ttl) else {
+                    return false;
+                };
                 map.insert(code.to_owned(), Stored { flag, until });
                 true
             }
@@ -176,8 +182,8 @@ impl Flags {
 
     /// Takes out the lapsed flags; the number left.
     fn purge(&self) -> usize {
-        let now = Instant::now();
         let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
         map.retain(|_, stored| stored.until > now);
         map.len()
     }
@@ -228,8 +234,8 @@ impl SoldOutCache {
         }
     }
 
-    /// Flags `code` as pending unless it is flagged already or its filter was fetched
-    /// less than `fetch_interval` ago; returns the fetch the filter must be stored under,
+    /// Flags `code` as pending unless it is flagged already, its filter was fetched less
+    /// than `fetch_interval` ago, or the table is full of live flags; returns the fetch the filter must be stored under,
     /// or `None` (no fetch). Reservations waiting for the filter go on asking once the
     /// [`Fetch`] is dropped: the fetch holds it until it has stored or dropped the flag.
     pub fn begin(&self, code: &str) -> Option<Fetch> {
@@ -268,7 +274,7 @@ impl SoldOutCache {
         })
     }
 
-    /// Flag `id` of `code`, stored at `stored`, when it is due for renewal (older than half
+    /// Flag `id` of `code`, `age` old, when it is due for renewal (older than half
     /// its TTL) and no fetch for the voucher ran within `fetch_interval`. `None`: no fetch.
     fn claim_renewal(&self, code: &str, id: u64, age: Duration) -> Option<u64> {
         if age < self.renew_after || self.fetched.contains_key(code) {
