@@ -49,8 +49,8 @@ fn parse_reserve(body: ReserveBody, code: String) -> Result<ReservationRequest> 
         .map_err(|r| FieldError::new(r.field, r.reason))?;
     Ok(ReservationRequest {
         voucher_code,
-        customer_id: CustomerId::parse(body.customer_id)?,
-        order_id: OrderId::parse(body.order_id)?,
+        customer_id: CustomerId::parse(body.customer_id.into_owned())?,
+        order_id: OrderId::parse(body.order_id.into_owned())?,
         order_amount: Money::positive("orderAmount", body.order_amount)?,
     })
 }
