@@ -85,7 +85,7 @@ pub(crate) static REQUEST_ID: HeaderName = HeaderName::from_static(headers::REQU
 pub(crate) async fn write_json(
     session: &mut Session,
     status: u16,
-    body: Bytes,
+    body: JsonBody,
     request_id: &str,
     extra: &[(&HeaderName, HeaderValue)],
 ) -> Result<()> {
@@ -95,7 +95,7 @@ pub(crate) async fn write_json(
     let headers = &mut parts.headers;
     headers.reserve(5 + extra.len());
     headers.insert(http::header::CONTENT_TYPE, CONTENT_TYPE_JSON.clone());
-    headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    headers.insert(http::header::CONTENT_LENGTH, body.length);
     headers.insert(SERVED_BY.clone(), SERVED_BY_EDGE.clone());
     // Set (checked, or made) by request_filter before any answer; empty only for an error
     // pingora met before it.
@@ -111,15 +111,28 @@ pub(crate) async fn write_json(
     session
         .write_response_header(Box::new(ResponseHeader::from(parts)), false)
         .await?;
-    session.write_response_body(Some(body), true).await?;
+    session.write_response_body(Some(body.bytes), true).await?;
     Ok(())
 }
 
+/// A JSON body of the edge's own with its `content-length` value, made together: a body
+/// the edge keeps (a flag's refusal) keeps its length too, where making the value from the
+/// number was an allocation in every answer.
+#[derive(Clone)]
+pub(crate) struct JsonBody {
+    bytes: Bytes,
+    length: HeaderValue,
+}
+
 /// A JSON body of the edge's own.
-pub(crate) fn json_body(body: &impl serde::Serialize) -> Result<Bytes> {
-    serde_json::to_vec(body)
+pub(crate) fn json_body(body: &impl serde::Serialize) -> Result<JsonBody> {
+    let bytes = serde_json::to_vec(body)
         .map(Bytes::from)
-        .map_err(|e| Error::because(ErrorType::InternalError, "the edge's answer", e))
+        .map_err(|e| Error::because(ErrorType::InternalError, "the edge's answer", e))?;
+    Ok(JsonBody {
+        length: HeaderValue::from(bytes.len()),
+        bytes,
+    })
 }
 
 /// The status class label of the edge's answers (`2xx` ... `5xx`; `none` when nothing

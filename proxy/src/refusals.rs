@@ -15,7 +15,7 @@ use voucher_contract::request::{self, ReserveBody, VOUCHER_CODE};
 use voucher_contract::{headers, ErrorCode, Route, RETRY_AFTER_SECS};
 
 use crate::edge::{
-    json_body, write_json, Ctx, Edge, EDGE_HEALTH_PATH, EDGE_READINESS_PATH, REQUEST_ID,
+    json_body, write_json, Ctx, Edge, JsonBody, EDGE_HEALTH_PATH, EDGE_READINESS_PATH, REQUEST_ID,
 };
 use crate::metrics::Counted;
 use crate::places::Place;
@@ -468,7 +468,7 @@ static ERROR_CODE: HeaderName = HeaderName::from_static(headers::ERROR_CODE);
 static RETRY_AFTER: HeaderName = HeaderName::from_static(headers::RETRY_AFTER);
 
 /// An error answer's body, `{"error": CODE, "message": ...}`.
-fn error_body(code: ErrorCode, message: &str) -> Result<Bytes> {
+fn error_body(code: ErrorCode, message: &str) -> Result<JsonBody> {
     // Serialized from borrowed fields: a `serde_json::Value` built per answer cost the
     // reject path allocations of its own (`reports/perf/EDGE.md`).
     #[derive(serde::Serialize)]
@@ -483,20 +483,20 @@ fn error_body(code: ErrorCode, message: &str) -> Result<Bytes> {
 }
 
 /// A flag's refusal: its code and body, the same for every answer, so serialized once.
-fn refusal_answer(refusal: Refusal) -> (ErrorCode, Bytes) {
+fn refusal_answer(refusal: Refusal) -> (ErrorCode, JsonBody) {
     // The cores' messages for the same codes.
-    fn body(code: ErrorCode, message: &str) -> Bytes {
+    fn body(code: ErrorCode, message: &str) -> JsonBody {
         error_body(code, message).expect("two strings serialize")
     }
-    static SOLD_OUT: LazyLock<Bytes> =
+    static SOLD_OUT: LazyLock<JsonBody> =
         LazyLock::new(|| body(ErrorCode::OutOfStock, "the voucher has no uses left"));
-    static PAUSED: LazyLock<Bytes> = LazyLock::new(|| {
+    static PAUSED: LazyLock<JsonBody> = LazyLock::new(|| {
         body(
             ErrorCode::VoucherPaused,
             "the voucher is paused: it takes no new reservation until it is resumed",
         )
     });
-    static ARCHIVED: LazyLock<Bytes> = LazyLock::new(|| {
+    static ARCHIVED: LazyLock<JsonBody> = LazyLock::new(|| {
         body(
             ErrorCode::VoucherArchived,
             "the voucher is archived: it takes no reservation",
