@@ -95,7 +95,7 @@ impl Edge {
     pub(crate) async fn give(
         &self,
         session: &mut Session,
-        id: &str,
+        id: &HeaderValue,
         answer: OwnAnswer,
     ) -> Result<()> {
         match answer {
@@ -158,14 +158,14 @@ impl Edge {
     /// removed, so it cannot reach a core.
     fn assign_request_id(&self, session: &mut Session, ctx: &mut Ctx) {
         ctx.request_id = match session.req_header().headers.get(&REQUEST_ID) {
-            Some(v) if request::valid_request_id(v.as_bytes()) => {
-                String::from_utf8_lossy(v.as_bytes()).into_owned()
-            }
+            Some(v) if request::valid_request_id(v.as_bytes()) => v.clone(),
             given => {
                 if given.is_some() {
                     session.req_header_mut().remove_header(headers::REQUEST_ID);
                 }
-                self.request_ids.next()
+                // Hexadecimal digits: always a valid value (the empty one is never taken).
+                HeaderValue::from_maybe_shared(Bytes::from(self.request_ids.next()))
+                    .unwrap_or_else(|_| HeaderValue::from_static(""))
             }
         };
     }
@@ -352,7 +352,7 @@ impl Edge {
     pub(crate) async fn answer(
         &self,
         session: &mut Session,
-        id: &str,
+        id: &HeaderValue,
         status: u16,
         code: ErrorCode,
         message: &str,
@@ -370,7 +370,7 @@ impl Edge {
         }
     }
 
-    async fn too_large(&self, session: &mut Session, id: &str) -> Result<()> {
+    async fn too_large(&self, session: &mut Session, id: &HeaderValue) -> Result<()> {
         let limit = self.settings.max_body_bytes;
         let message = format!("the request body is larger than {limit} bytes");
         self.answer(session, id, 413, ErrorCode::PayloadTooLarge, &message)
@@ -417,7 +417,12 @@ impl Edge {
         }
     }
 
-    async fn rate_limited(&self, session: &mut Session, id: &str, by: Limited) -> Result<()> {
+    async fn rate_limited(
+        &self,
+        session: &mut Session,
+        id: &HeaderValue,
+        by: Limited,
+    ) -> Result<()> {
         self.metrics
             .rate_limited
             .with_label_values(&[by.label()])

@@ -5,6 +5,7 @@
 //! Probes (`/healthz`, `/readyz`) have none. With tracing off, every function here returns
 //! at once and the client's headers reach the core untouched.
 
+use http::HeaderValue;
 use pingora::http::RequestHeader;
 use pingora::Result;
 use tracing::field::Empty;
@@ -13,10 +14,11 @@ use voucher_contract::Route;
 use voucher_telemetry::trace;
 
 /// The span of a request just classified as `route`.
-pub(crate) fn start(header: &RequestHeader, route: &Route, request_id: &str) -> Span {
+pub(crate) fn start(header: &RequestHeader, route: &Route, request_id: &HeaderValue) -> Span {
     if !voucher_telemetry::tracing_enabled() {
         return Span::none();
     }
+    let request_id = request_id.to_str().unwrap_or_default();
     let span = tracing::info_span!(
         "edge.request",
         otel.kind = "server",
