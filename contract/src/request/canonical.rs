@@ -55,9 +55,7 @@ pub(super) fn read(body: &[u8]) -> Option<CheckedReserve<'_>> {
 /// and what follows the quote.
 fn identifier<'a>(text: &'a str, rule: &IdRule) -> Option<(&'a str, &'a str)> {
     let (id, after) = text.split_once('"')?;
-    if id.is_empty() || id.len() > rule.max_len || !rule.allows_all(id.as_bytes()) {
-        return None;
-    }
+    rule.check(id).ok()?;
     Some((id, after))
 }
 
@@ -76,9 +74,8 @@ fn whole_number(text: &str, max: u64) -> Option<(&str, u64, &str)> {
     if after.starts_with(['.', 'e', 'E']) {
         return None;
     }
-    let value = digits.bytes().try_fold(0u64, |n, d| {
-        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
-    })?;
+    // Digits only, so `parse` reads exactly them (no sign); past u64 it fails.
+    let value: u64 = digits.parse().ok()?;
     if value > max {
         return None;
     }
