@@ -3,7 +3,9 @@
 # variant is started on :18080 in front of the running stack's cores (./scripts/up.sh or
 # loadtest/bench.sh), its flag for a sold-out voucher set, warmed up for 2 s, measured
 # for 5 s (wrk -t1 -c64), then stopped; three rounds. Prints requests/s, the edge's CPU
-# per answer (from /proc/<pid>/stat) and peak RSS.
+# per answer (from /proc/<pid>/stat: user and kernel apart, since callgrind counts only the
+# first), peak RSS, and, where perf can read the kernel's syscall tracepoints, the edge's
+# system calls per answer (SYSCALLS=1; perf stat -e raw_syscalls:sys_enter on its pid).
 #   loadtest/edge-ab.sh "BINARY_A:ENV=VALUE" "BINARY_B:ENV=VALUE" ...
 # e.g. loadtest/edge-ab.sh "/tmp/edge-old:EDGE__READ_BUFFER_BYTES=65536" "$HOME/.cache/voucher-gate/target/release/voucher-edge:EDGE__READ_BUFFER_BYTES=4096"
 . "$(dirname "$0")/../scripts/lib.sh"
@@ -13,7 +15,7 @@ ROUNDS=${ROUNDS:-3}
 CODE=AB$(date +%H%M%S)
 sold_out_voucher "$CODE"
 SCRIPT=$(mktemp --suffix=.lua)
-trap 'rm -f "$SCRIPT"' EXIT
+trap 'rm -f "$SCRIPT" "$SCRIPT.perf"' EXIT
 wrk_reserve_script "$CODE" "$SCRIPT"
 start_edge() { # BINARY [ENV=VALUE...]
   local bin=$1; shift
@@ -27,14 +29,25 @@ for round in $(seq "$ROUNDS"); do
     IFS=: read -r bin envs <<<"$variant"
     # shellcheck disable=SC2086 # envs is a list of ENV=VALUE words
     start_edge "$bin" $envs
-    before=$(awk '{print $14+$15}' /proc/$EDGE_PID/stat)
+    read -r user_before sys_before < <(awk '{print $14, $15}' /proc/$EDGE_PID/stat)
+    calls=""
+    if [ "${SYSCALLS:-0}" = 1 ]; then
+      perf stat -x, -e raw_syscalls:sys_enter -p "$EDGE_PID" -o "$SCRIPT.perf" -- sleep 6 &
+      PERF_PID=$!
+    fi
     answers=$(wrk -t1 -c64 -d5s -s "$SCRIPT" http://127.0.0.1:18080 | awk '/requests in/{print $1}')
-    after=$(awk '{print $14+$15}' /proc/$EDGE_PID/stat)
+    read -r user_after sys_after < <(awk '{print $14, $15}' /proc/$EDGE_PID/stat)
+    if [ "${SYSCALLS:-0}" = 1 ]; then
+      wait "$PERF_PID"
+      # Counted over 6 s against wrk's 5: the edge is idle in the sixth.
+      calls=$(awk -F, -v n="$answers" '/raw_syscalls/{printf ", %.2f syscalls per answer", $1 / n}' "$SCRIPT.perf")
+    fi
     peak=$(awk '/VmHWM/{printf "%.1f", $2/1024}' /proc/$EDGE_PID/status)
-    # CPU per answer (user plus system, clock ticks of 10 ms): steadier than the rate on
-    # two shared cores, where wrk and the edge take turns.
-    cpu=$(awk -v t=$((after - before)) -v n="$answers" 'BEGIN{printf "%.1f", t * 1e4 / n}')
-    echo "round $round, $variant: $((answers / 5)) requests/s, $cpu µs of the edge's CPU per answer, peak RSS $peak MiB"
+    # CPU per answer (clock ticks of 10 ms): steadier than the rate on two shared cores,
+    # where wrk and the edge take turns.
+    cpu=$(awk -v u=$((user_after - user_before)) -v s=$((sys_after - sys_before)) -v n="$answers" \
+      'BEGIN{printf "%.1f (user %.1f, kernel %.1f)", (u + s) * 1e4 / n, u * 1e4 / n, s * 1e4 / n}')
+    echo "round $round, $variant: $((answers / 5)) requests/s, $cpu µs of the edge's CPU per answer, peak RSS $peak MiB$calls"
     # Measured: no graceful shutdown to wait for (pingora's own lasts a minute).
     kill -9 "$EDGE_PID"; wait "$EDGE_PID" 2>/dev/null || true
   done
