@@ -374,11 +374,10 @@ async fn a_thousand_use_sale_under_twenty_thousand_requests_costs_few_transactio
     // writes; no writers run. The linger is set, not the default 1 ms: with that, a batch
     // holds what queued during the previous commit, which depends on how fast this debug
     // build runs beside the machine's other load (a loaded CI run counted 261 transactions
-    // where others counted far fewer). A batch that waits 20 ms for company groups
-    // on most machines, but a slow one still counted 253 (2026-12-06), so the bound
-    // below asks only that uses are grouped (two or more a transaction), not how well.
+    // where others counted far fewer). A batch that waits for company groups whatever the
+    // machine's speed: 20 ms still left a slow machine at 253 (2026-12-06), so 50 ms.
     let env = FlashStack::builder()
-        .start_with(|s| s.flash.record_linger = Duration::from_millis(20))
+        .start_with(|s| s.flash.record_linger = Duration::from_millis(50))
         .await;
     env.app().given_voucher(flash_voucher("BIG", 1000, 1)).await;
     let commits_before: i64 = xact_commit(&env).await;
@@ -403,10 +402,8 @@ async fn a_thousand_use_sale_under_twenty_thousand_requests_costs_few_transactio
          ({:.1} uses per transaction); database-wide commits meanwhile: {commits}",
         1000.0 / (writing.max(1) as f64)
     );
-    // One per use without grouping would be 1,000; the benchmark measures the grouping
-    // at saturation.
     assert!(
-        writing > 0 && writing * 2 <= 1000,
+        writing > 0 && writing * 4 <= 1000,
         "{writing} writing transactions for 1000 uses"
     );
     env.finish(&sale.accepted()).await;
