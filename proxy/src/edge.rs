@@ -48,13 +48,33 @@ pub const EDGE_HEALTH_PATH: &str = "/healthz";
 /// ready core and is not draining, 503 otherwise.
 pub const EDGE_READINESS_PATH: &str = "/readyz";
 
-/// Per-request state carried between the phases.
-pub struct Ctx {
+/// Per-request state carried between the phases, boxed: pingora keeps the context in each
+/// request's future, which it moves as a whole (`memcpy`), so a context of a few hundred
+/// bytes cost more in copies than its one allocation (`reports/callgrind/EDGE.md`).
+pub struct Ctx(Box<RequestState>);
+
+impl std::ops::Deref for Ctx {
+    type Target = RequestState;
+    fn deref(&self) -> &RequestState {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Ctx {
+    fn deref_mut(&mut self) -> &mut RequestState {
+        &mut self.0
+    }
+}
+
+/// What [`Ctx`] holds.
+pub struct RequestState {
     pub(crate) route: Route,
     /// A reservation's voucher code as the core reads it, when its request is one a core
     /// would take past its checks: the key of the voucher's one sold-out flag.
     pub(crate) code: Option<String>,
-    started: Instant,
+    /// When pingora handed the request over, its header read: the start of its duration
+    /// and of its body's `client_timeout`.
+    pub(crate) started: Instant,
     /// What happened, for metrics: `forwarded` or why the edge answered.
     outcome: &'static str,
     /// Upstreams this request failed to reach, skipped when it is retried.
@@ -155,7 +175,7 @@ impl ProxyHttp for Edge {
     type CTX = Ctx;
 
     fn new_ctx(&self) -> Ctx {
-        Ctx {
+        Ctx(Box::new(RequestState {
             route: Route::Other,
             code: None,
             started: Instant::now(),
@@ -165,7 +185,7 @@ impl ProxyHttp for Edge {
             admitted: None,
             voucher_place: None,
             span: tracing::Span::none(),
-        }
+        }))
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
@@ -176,7 +196,7 @@ impl ProxyHttp for Edge {
             return Ok(false);
         };
         ctx.outcome = answer.outcome();
-        self.give(session, &ctx.request_id, answer).await?;
+        self.give(session, ctx, answer).await?;
         Ok(true)
     }
 

@@ -6,6 +6,7 @@
 
 use std::net::IpAddr;
 use std::sync::LazyLock;
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue};
@@ -70,7 +71,8 @@ impl Edge {
         session: &mut Session,
         ctx: &mut Ctx,
     ) -> Result<Option<OwnAnswer>> {
-        self.assign_request_id(session, ctx);
+        let head = Head::read(session.req_header());
+        self.assign_request_id(session, ctx, head.request_id);
         if is_probe(session, EDGE_HEALTH_PATH) {
             return Ok(Some(OwnAnswer::Health));
         }
@@ -82,22 +84,23 @@ impl Edge {
         ctx.span = crate::traces::start(header, &ctx.route, &ctx.request_id);
         let early = self
             .over_address_rate(session)
-            .or_else(|| self.headers_too_large(session))
+            .or_else(|| self.headers_too_large(head.bytes))
             .or_else(|| admin_refused(&ctx.route))
-            .or_else(|| self.declared_too_large(session));
+            .or_else(|| self.declared_too_large(head.declared));
         if early.is_some() {
             return Ok(early);
         }
-        self.screen_reservation(session, ctx).await
+        self.screen_reservation(session, ctx, head.json).await
     }
 
     /// Writes `answer`, with the request's `x-request-id`.
     pub(crate) async fn give(
         &self,
         session: &mut Session,
-        id: &HeaderValue,
+        ctx: &Ctx,
         answer: OwnAnswer,
     ) -> Result<()> {
+        let id = &ctx.request_id;
         match answer {
             OwnAnswer::Health => {
                 let body = json_body(&serde_json::json!({ "status": "ok" }))?;
@@ -113,7 +116,7 @@ impl Edge {
                         .await
                 }
             },
-            OwnAnswer::RateLimited(by) => self.rate_limited(session, id, by).await,
+            OwnAnswer::RateLimited(by) => self.rate_limited(session, ctx, by).await,
             OwnAnswer::HeadersTooLarge => {
                 let message = format!(
                     "the request line and headers are larger than {} bytes",
@@ -156,15 +159,15 @@ impl Edge {
     /// `upstream_request_filter` (written into the request here, it cost every answer of
     /// the edge a header insert it never needed). An invalid one the client sent is
     /// removed, so it cannot reach a core.
-    fn assign_request_id(&self, session: &mut Session, ctx: &mut Ctx) {
-        ctx.request_id = match session.req_header().headers.get(&REQUEST_ID) {
-            Some(v) if request::valid_request_id(v.as_bytes()) => v.clone(),
+    fn assign_request_id(&self, session: &mut Session, ctx: &mut Ctx, given: Option<HeaderValue>) {
+        ctx.request_id = match given {
+            Some(v) if request::valid_request_id(v.as_bytes()) => v,
             given => {
                 if given.is_some() {
                     session.req_header_mut().remove_header(headers::REQUEST_ID);
                 }
                 // Hexadecimal digits: always a valid value (the empty one is never taken).
-                HeaderValue::from_maybe_shared(Bytes::from(self.request_ids.next()))
+                HeaderValue::from_maybe_shared(Bytes::copy_from_slice(&self.request_ids.next()))
                     .unwrap_or_else(|_| HeaderValue::from_static(""))
             }
         };
@@ -181,24 +184,11 @@ impl Edge {
             .map(OwnAnswer::RateLimited)
     }
 
-    fn headers_too_large(&self, session: &Session) -> Option<OwnAnswer> {
-        let header = session.req_header();
-        let header_bytes = header.uri.path_and_query().map_or(0, |p| p.as_str().len())
-            + header
-                .headers
-                .iter()
-                .map(|(name, value)| name.as_str().len() + value.len() + 4)
-                .sum::<usize>();
+    fn headers_too_large(&self, header_bytes: usize) -> Option<OwnAnswer> {
         (header_bytes > self.settings.max_header_bytes).then_some(OwnAnswer::HeadersTooLarge)
     }
 
-    fn declared_too_large(&self, session: &Session) -> Option<OwnAnswer> {
-        let declared = session
-            .req_header()
-            .headers
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<usize>().ok());
+    fn declared_too_large(&self, declared: Option<usize>) -> Option<OwnAnswer> {
         declared
             .is_some_and(|n| n > self.settings.max_body_bytes)
             .then_some(OwnAnswer::TooLarge)
@@ -212,6 +202,7 @@ impl Edge {
         &self,
         session: &mut Session,
         ctx: &mut Ctx,
+        json: bool,
     ) -> Result<Option<OwnAnswer>> {
         let Route::Reserve { code } = &mut ctx.route else {
             return Ok(None);
@@ -225,13 +216,7 @@ impl Edge {
         // a voucher meets its one flag, and one the core refuses never meets a flag. Taken
         // from the route (which nothing reads it from again) rather than copied.
         let code = code.take().filter(|c| VOUCHER_CODE.check(c).is_ok());
-        let json = session
-            .req_header()
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(request::is_json);
-        let Some(body) = self.read_body(session).await? else {
+        let Some(body) = self.read_body(session, ctx.started).await? else {
             return Ok(Some(OwnAnswer::TooLarge));
         };
         let (Some(code), true, Some(reserve)) = (code, json, ReserveBody::read_checked(&body))
@@ -378,51 +363,67 @@ impl Edge {
     }
 
     /// Reads the whole request body (bounded in size, and in time: all of it within
-    /// `client_timeout`, so a body dribbled a byte at a time cannot hold a connection for
-    /// long) into pingora's retry buffer, from which it is sent upstream if the request is
-    /// forwarded. `None` when it is over the limit.
-    pub(crate) async fn read_body(&self, session: &mut Session) -> Result<Option<Bytes>> {
-        session.as_mut().enable_retry_buffering();
-        let limit = self.settings.max_body_bytes;
-        let read = async {
-            // A reservation's body comes in one chunk: kept as pingora gave it (a shared
-            // buffer), and copied into one only when a second chunk follows.
-            let mut first: Option<Bytes> = None;
-            let mut joined = Vec::new();
-            while let Some(chunk) = session.read_request_body().await? {
-                let read = first.as_ref().map_or(0, Bytes::len) + joined.len() + chunk.len();
-                if read > limit {
-                    return Ok(None);
-                }
-                match first.take() {
-                    None if joined.is_empty() => first = Some(chunk),
-                    earlier => {
-                        if let Some(earlier) = earlier {
-                            joined.extend_from_slice(&earlier);
-                        }
-                        joined.extend_from_slice(&chunk);
-                    }
-                }
-            }
-            Ok(Some(first.unwrap_or_else(|| Bytes::from(joined))))
-        };
-        match tokio::time::timeout(self.settings.client_timeout, read).await {
-            Ok(result) => result,
-            // A client's fault: answered 400 by fail_to_proxy, and the connection closed.
-            Err(_) => Err(Error::explain(
-                ErrorType::ReadTimedout,
-                "request body not received within client_timeout",
-            )
-            .into_down()),
-        }
-    }
-
-    async fn rate_limited(
+    /// `client_timeout` of `started`, so a body dribbled a byte at a time cannot hold a
+    /// connection for long) into pingora's retry buffer, from which it is sent upstream if
+    /// the request is forwarded. `None` when it is over the limit.
+    ///
+    /// The time bound is the session's own read timeout, which pingora puts on every read
+    /// anyway: the first read has the whole `client_timeout` (set by `request_filter`),
+    /// and a read after it only what is left of it. A timer of the edge's own around the
+    /// loop (tokio's) cost every reservation a clock read and its worker a timer to
+    /// service when it parked (`reports/callgrind/EDGE.md`). A reservation's body comes
+    /// with its headers: one read, no clock.
+    pub(crate) async fn read_body(
         &self,
         session: &mut Session,
-        id: &HeaderValue,
-        by: Limited,
-    ) -> Result<()> {
+        started: Instant,
+    ) -> Result<Option<Bytes>> {
+        session.as_mut().enable_retry_buffering();
+        let limit = self.settings.max_body_bytes;
+        // Kept as pingora gave it (a shared buffer), and copied into one only when a second
+        // chunk follows.
+        let mut first: Option<Bytes> = None;
+        let mut joined = Vec::new();
+        // Every error reading the body is the client's (a timeout, a connection closed,
+        // a malformed chunk): answered 400 by fail_to_proxy, and the connection closed.
+        while let Some(chunk) = session
+            .read_request_body()
+            .await
+            .map_err(|e| e.into_down())?
+        {
+            let read = first.as_ref().map_or(0, Bytes::len) + joined.len() + chunk.len();
+            if read > limit {
+                return Ok(None);
+            }
+            match first.take() {
+                None if joined.is_empty() => first = Some(chunk),
+                earlier => {
+                    if let Some(earlier) = earlier {
+                        joined.extend_from_slice(&earlier);
+                    }
+                    joined.extend_from_slice(&chunk);
+                }
+            }
+            if !session.is_body_done() {
+                let left = self
+                    .settings
+                    .client_timeout
+                    .saturating_sub(started.elapsed());
+                if left.is_zero() {
+                    return Err(Error::explain(
+                        ErrorType::ReadTimedout,
+                        "request body not received within client_timeout",
+                    )
+                    .into_down());
+                }
+                session.as_mut().set_read_timeout(Some(left));
+            }
+        }
+        Ok(Some(first.unwrap_or_else(|| Bytes::from(joined))))
+    }
+
+    async fn rate_limited(&self, session: &mut Session, ctx: &Ctx, by: Limited) -> Result<()> {
+        let id = &ctx.request_id;
         self.metrics
             .rate_limited
             .with_label_values(&[by.label()])
@@ -431,7 +432,7 @@ impl Edge {
         // reconnecting costs the edge more than reading a few bytes: read what is left,
         // bounded as every body is. (`read_body` has read the body of a reservation already.)
         if by == Limited::Ip {
-            self.read_body(session).await?;
+            self.read_body(session, ctx.started).await?;
         }
         let message = match by {
             Limited::Ip => {
@@ -514,6 +515,93 @@ fn refusal_answer(refusal: Refusal) -> (ErrorCode, JsonBody) {
     }
 }
 
+/// What the steps read from the request's head, taken in one pass over its headers (the
+/// pass the header-size step makes anyway): looked up by name one at a time, each of the
+/// three hashed its name and probed the map (`reports/callgrind/EDGE.md`). The first value
+/// of each header is the one read, as `HeaderMap::get` reads it.
+struct Head {
+    /// The request's target and headers, as `max_header_bytes` counts them.
+    bytes: usize,
+    /// `Content-Length`, when it is a number ([`declared_length`]).
+    declared: Option<usize>,
+    /// Whether `Content-Type` names JSON, the only body type the API takes.
+    json: bool,
+    /// The client's `x-request-id`, valid or not.
+    request_id: Option<HeaderValue>,
+}
+
+impl Head {
+    fn read(header: &pingora::http::RequestHeader) -> Self {
+        let mut head = Head {
+            bytes: header.uri.path_and_query().map_or(0, |p| p.as_str().len()),
+            declared: None,
+            json: false,
+            request_id: None,
+        };
+        let (mut length_read, mut type_read) = (false, false);
+        for (name, value) in &header.headers {
+            head.bytes += name.as_str().len() + value.len() + 4;
+            if *name == http::header::CONTENT_LENGTH && !length_read {
+                length_read = true;
+                head.declared = declared_length(value.as_bytes());
+            } else if *name == http::header::CONTENT_TYPE && !type_read {
+                type_read = true;
+                head.json = value.to_str().is_ok_and(request::is_json);
+            } else if *name == REQUEST_ID && head.request_id.is_none() {
+                head.request_id = Some(value.clone());
+            }
+        }
+        head
+    }
+}
+
+/// A `Content-Length` value as HTTP writes it, digits only (`None` for anything else: the
+/// body is then bounded as it is read). Read digit by digit from the bytes: checking the
+/// value as text and parsing it with `str::parse` cost every reservation about 250
+/// instructions (`reports/callgrind/EDGE.md`). A number past `usize` is too large
+/// whatever the limit, so it saturates.
+fn declared_length(value: &[u8]) -> Option<usize> {
+    if value.is_empty() {
+        return None;
+    }
+    value.iter().try_fold(0usize, |n, &byte| {
+        let digit = byte.wrapping_sub(b'0');
+        (digit < 10).then(|| n.saturating_mul(10).saturating_add(usize::from(digit)))
+    })
+}
+
 fn admin_refused(route: &Route) -> Option<OwnAnswer> {
     route.is_admin().then_some(OwnAnswer::AdminRefused)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::declared_length;
+
+    #[test]
+    fn a_declared_length_is_its_digits_and_nothing_else() {
+        assert_eq!(declared_length(b"0"), Some(0));
+        assert_eq!(declared_length(b"4096"), Some(4096));
+        assert_eq!(declared_length(b"004097"), Some(4097));
+        for not_a_length in [
+            &b""[..],
+            b"+5",
+            b"-1",
+            b" 5",
+            b"5 ",
+            b"1e3",
+            b"0x10",
+            b"4,096",
+        ] {
+            assert_eq!(declared_length(not_a_length), None, "{not_a_length:?}");
+        }
+        // Past usize: too large for any limit, never a small number by wrapping.
+        assert_eq!(
+            declared_length(b"99999999999999999999999999999999"),
+            Some(usize::MAX)
+        );
+        for n in [1usize, 9, 10, 4095, 123_456_789, usize::MAX] {
+            assert_eq!(declared_length(n.to_string().as_bytes()), Some(n));
+        }
+    }
 }

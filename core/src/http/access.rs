@@ -30,9 +30,8 @@ pub async fn track(access: Access, mut request: Request, next: Next) -> Response
     let id = match request.headers().get(REQUEST_ID) {
         Some(value) if valid_request_id(value.as_bytes()) => value.clone(),
         // Hexadecimal digits: always a valid header value.
-        _ => {
-            HeaderValue::from_str(&access.ids.next()).unwrap_or(HeaderValue::from_static("unknown"))
-        }
+        _ => HeaderValue::from_bytes(&access.ids.next())
+            .unwrap_or(HeaderValue::from_static("unknown")),
     };
     // The handlers see the id the request is known by (the audit trail keeps it).
     request.headers_mut().insert(REQUEST_ID, id.clone());

@@ -399,7 +399,13 @@ impl RedisCluster {
                 .query_async::<()>(&mut source)
                 .await
                 .expect("MIGRATE");
-            between().await;
+            // Awaited once, after the first two keys. Not after the rest: a script with a
+            // key that does not exist yet (a new customer's) is answered TRYAGAIN until
+            // SETSLOT NODE, and the gate client's retries are bounded; a wait there made
+            // the split longer than the move the test describes.
+            if batch == 2 {
+                between().await;
+            }
             batch = 10_000;
         }
         for conn in [&mut target, &mut source] {
