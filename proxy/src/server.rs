@@ -151,8 +151,15 @@ pub fn build(settings: EdgeSettings) -> anyhow::Result<EdgeServer> {
     let flagger = Flagger {
         sold_out: sold_out.clone(),
         upstreams: upstreams.clone(),
+        // No idle timeout for the pool of connections to the cores: with one, the client
+        // keeps a repeating timer on the runtime of the task that fetched first, a request
+        // worker's, and each park of that worker then services it (about 450
+        // instructions a sold-out answer, `reports/callgrind/EDGE.md`). Fetches are few
+        // (one per voucher at a time), so are their connections, and a connection a core
+        // closed is found closed when it is next taken.
         http: reqwest::Client::builder()
             .timeout(Duration::from_secs(2))
+            .pool_idle_timeout(None)
             .build()?,
         orders_token: settings.orders_token.clone(),
         metrics: metrics.clone(),
