@@ -370,8 +370,8 @@ impl Edge {
     /// The time bound is the session's own read timeout, which pingora puts on every read
     /// anyway: the first read has the whole `client_timeout` (set by `request_filter`),
     /// and a read after it only what is left of it. A timer of the edge's own around the
-    /// loop (tokio's) cost every reservation a clock read and its worker a timer to
-    /// service when it parked (`reports/callgrind/EDGE.md`). A reservation's body comes
+    /// loop (tokio's) read the clock for every reservation, and registered a timer for
+    /// every body not there yet (`reports/callgrind/EDGE.md`). A reservation's body comes
     /// with its headers: one read, no clock.
     pub(crate) async fn read_body(
         &self,
@@ -476,7 +476,8 @@ static RETRY_AFTER: HeaderName = HeaderName::from_static(headers::RETRY_AFTER);
 /// An error answer's body, `{"error": CODE, "message": ...}`.
 fn error_body(code: ErrorCode, message: &str) -> Result<JsonBody> {
     // Serialized from borrowed fields: a `serde_json::Value` built per answer cost the
-    // reject path allocations of its own (`reports/perf/EDGE.md`).
+    // reject path allocations of its own (an earlier run of `reports/perf/EDGE.md`, in its
+    // git history).
     #[derive(serde::Serialize)]
     struct ErrorBody<'a> {
         error: &'a str,
