@@ -493,7 +493,9 @@ fn error_body(code: ErrorCode, message: &str) -> Result<JsonBody> {
 fn refusal_answer(refusal: Refusal) -> (ErrorCode, JsonBody) {
     // The cores' messages for the same codes.
     fn body(code: ErrorCode, message: &str) -> JsonBody {
-        error_body(code, message).expect("two strings serialize")
+        error_body(code, message)
+            .expect("two strings serialize")
+            .kept_forever()
     }
     static SOLD_OUT: LazyLock<JsonBody> =
         LazyLock::new(|| body(ErrorCode::OutOfStock, "the voucher has no uses left"));
