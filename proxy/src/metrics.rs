@@ -88,9 +88,9 @@ const CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "none"];
 /// The series of each answer, looked up in their vectors once and kept: on the reject
 /// path every answer counted in three series, and each `with_label_values` hashed its
 /// labels, took its vector's lock and cloned the series (1.6% of the edge's samples
-/// there, an earlier run of `reports/perf/EDGE.md`, in its git history). A slot is filled by the first answer that needs it, so
-/// only series in use are exported, as before; a label outside the lists above falls
-/// back to the vector.
+/// there, in an earlier run of `reports/perf/EDGE.md`, kept in its git history). A slot
+/// is filled by the first answer that needs it, so only series in use are exported, as
+/// before; a label outside the lists above falls back to the vector.
 #[derive(Default)]
 struct AnswerSeries {
     by_outcome: [[OnceLock<(IntCounter, Histogram)>; OUTCOMES.len()]; ROUTES.len()],
