@@ -19,6 +19,16 @@
 //! while more concurrency still comes back fast (the recorder's batches grow with it),
 //! shrinks when it only adds queueing, and rests at its start when the load has passed.
 //!
+//! Waiting requests get their places first come, first served, until the wait queue has
+//! stood for `queue_timeout` without emptying once: then the load is not a burst but an
+//! overload, and a place given back goes to the request that began to wait last (the
+//! adaptive LIFO of Facebook's "Fail at Scale", with CoDel's standing-queue test). In first
+//! come order every admitted request of an overload had first waited nearly its whole
+//! `queue_timeout`, so its answer took that wait plus its service; newest first, the
+//! admitted ones come in fresh and the wait falls on those that are refused at its end.
+//! The refusals still come only after `queue_timeout`, which is what paces clients that
+//! send again as soon as they are answered.
+//!
 //! Written here rather than taken from a crate: the crates that exist decide overload per
 //! request (one slow request in a window cuts the limit, and at 10,000 requests a second
 //! some request of every window is slow), keep their samples in types a caller cannot read
@@ -69,6 +79,10 @@ pub struct AdmissionSettings {
     /// with this at 0; `reports/bench/OVERLOAD.md` is the run with the default).
     #[serde(with = "humantime_serde")]
     pub queue_timeout: Duration,
+    /// Once the wait queue has stood for `queue_timeout`, a place given back goes to the
+    /// request that began to wait last. Off: always to the one that began first (for
+    /// comparisons).
+    pub newest_first: bool,
 }
 
 impl Default for AdmissionSettings {
@@ -80,6 +94,7 @@ impl Default for AdmissionSettings {
             max_limit: 4096,
             latency_target: Duration::from_millis(50),
             queue_timeout: Duration::from_millis(50),
+            newest_first: true,
         }
     }
 }
@@ -123,7 +138,17 @@ struct Shared {
     window: Mutex<Window>,
     /// Wakes a request waiting for a place when one is given back.
     released: tokio::sync::Notify,
+    /// The requests waiting for a place.
+    waiting: Mutex<usize>,
+    /// Since when the wait queue has not been empty, in nanoseconds after `epoch`;
+    /// [`NO_QUEUE`] while nobody waits. Read by every place given back, without the lock.
+    queued_since: AtomicU64,
+    /// tokio's clock, not std's: the tests pause it.
+    epoch: tokio::time::Instant,
 }
+
+/// `queued_since` while nobody waits.
+const NO_QUEUE: u64 = u64::MAX;
 
 #[derive(Debug)]
 struct Window {
@@ -159,13 +184,17 @@ impl Limiter {
                     limit: initial as f64,
                 }),
                 released: tokio::sync::Notify::new(),
+                waiting: Mutex::new(0),
+                queued_since: AtomicU64::new(NO_QUEUE),
+                epoch: tokio::time::Instant::now(),
                 settings,
             }),
         }
     }
 
     /// A permit, waiting up to `queue_timeout` for one when the limit is reached (places
-    /// are handed out in the order requests began to wait); `None`: refuse the request.
+    /// are handed out in the order requests began to wait, newest first once the queue has
+    /// stood for `queue_timeout`); `None`: refuse the request.
     /// The latency a permit measures starts when it is granted: waiting here is the
     /// limit's doing, not a sign of the downstream's congestion.
     pub async fn acquire(&self) -> Option<Permit> {
@@ -173,6 +202,7 @@ impl Limiter {
             return Some(permit);
         }
         let deadline = tokio::time::Instant::now() + self.shared.settings.queue_timeout;
+        let _waiting = Waiting::new(&self.shared);
         loop {
             let released = self.shared.released.notified();
             tokio::pin!(released);
@@ -292,6 +322,50 @@ impl Shared {
         w.samples = 0;
         w.slow = 0;
     }
+
+    /// Whether the wait queue has stood, not once empty, for `queue_timeout`: an overload.
+    fn queue_standing(&self) -> bool {
+        if !self.settings.newest_first {
+            return false;
+        }
+        let since = self.queued_since.load(Ordering::Acquire);
+        if since == NO_QUEUE {
+            return false;
+        }
+        let stood = Duration::from_nanos(self.now_ns().saturating_sub(since));
+        stood >= self.settings.queue_timeout
+    }
+
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(NO_QUEUE - 1)
+    }
+}
+
+/// A request's turn in the wait queue, from its first failed try for a place until it has
+/// one, is refused or is dropped (its client went away).
+struct Waiting<'a>(&'a Shared);
+
+impl<'a> Waiting<'a> {
+    fn new(shared: &'a Shared) -> Self {
+        let mut waiting = shared.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        *waiting += 1;
+        if *waiting == 1 {
+            shared
+                .queued_since
+                .store(shared.now_ns(), Ordering::Release);
+        }
+        Self(shared)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut waiting = self.0.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        *waiting -= 1;
+        if *waiting == 0 {
+            self.0.queued_since.store(NO_QUEUE, Ordering::Release);
+        }
+    }
 }
 
 impl Permit {
@@ -304,8 +378,13 @@ impl Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
-        self.shared.released.notify_one();
+        let s = &self.shared;
+        s.in_flight.fetch_sub(1, Ordering::AcqRel);
+        if s.queue_standing() {
+            s.released.notify_last();
+        } else {
+            s.released.notify_one();
+        }
     }
 }
 
@@ -360,6 +439,7 @@ mod tests {
             max_limit: max,
             latency_target: Duration::from_millis(50),
             queue_timeout: Duration::from_secs(30),
+            newest_first: true,
         })
     }
 
@@ -397,6 +477,74 @@ mod tests {
             "the paused clock's own time"
         );
         assert_eq!(l.refused(), 1);
+    }
+
+    /// A request over the limit of `l` that waits for a place in a task of its own.
+    fn waiter(l: &Limiter) -> tokio::task::JoinHandle<Option<Permit>> {
+        let l = l.clone();
+        tokio::spawn(async move { l.acquire().await })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_queue_that_has_not_stood_long_gives_the_place_to_its_oldest_waiter() {
+        let l = Limiter::new(AdmissionSettings {
+            initial_limit: 1,
+            min_limit: 1,
+            queue_timeout: Duration::from_millis(50),
+            ..AdmissionSettings::default()
+        });
+        let held = l.try_acquire().expect("the one place");
+        let older = waiter(&l);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let newer = waiter(&l);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        // 20 ms into the queue: a burst, served in order.
+        assert!(!l.shared.queue_standing());
+        drop(held);
+        let got = older
+            .await
+            .expect("older waiter")
+            .expect("the oldest got the place");
+        assert!(
+            newer.await.expect("newer waiter").is_none(),
+            "the newer waited out its 50 ms behind it"
+        );
+        drop(got);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn once_the_queue_has_stood_for_the_timeout_the_newest_waiter_gets_the_place() {
+        let l = Limiter::new(AdmissionSettings {
+            initial_limit: 1,
+            min_limit: 1,
+            queue_timeout: Duration::from_millis(50),
+            ..AdmissionSettings::default()
+        });
+        let held = l.try_acquire().expect("the one place");
+        let first = waiter(&l);
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        let older = waiter(&l);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let newer = waiter(&l);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        // 55 ms: the first was refused at 50, but the queue has not emptied since 0.
+        assert!(first.await.expect("first waiter").is_none());
+        assert!(l.shared.queue_standing());
+        drop(held);
+        let got = newer
+            .await
+            .expect("newer waiter")
+            .expect("the newest got the place");
+        assert!(
+            older.await.expect("older waiter").is_none(),
+            "the older one waited out its 50 ms"
+        );
+        drop(got);
+        assert!(
+            !l.shared.queue_standing(),
+            "nobody waits: the next queue starts in order again"
+        );
+        assert_eq!((l.in_flight(), l.refused()), (0, 2));
     }
 
     /// `n` requests of `latency` finishing at `at`.
