@@ -460,14 +460,18 @@ mod tests {
         assert_eq!(l.refused(), 0);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_request_waits_no_longer_than_the_queue_timeout() {
-        let l = Limiter::new(AdmissionSettings {
+    /// A limiter of one place whose waits last 50 ms, the default.
+    fn one_place() -> Limiter {
+        Limiter::new(AdmissionSettings {
             initial_limit: 1,
             min_limit: 1,
-            queue_timeout: Duration::from_millis(50),
             ..AdmissionSettings::default()
-        });
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_waits_no_longer_than_the_queue_timeout() {
+        let l = one_place();
         let _held = l.try_acquire().expect("the one place");
         let started = tokio::time::Instant::now();
         assert!(l.acquire().await.is_none());
@@ -487,12 +491,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_queue_that_has_not_stood_long_gives_the_place_to_its_oldest_waiter() {
-        let l = Limiter::new(AdmissionSettings {
-            initial_limit: 1,
-            min_limit: 1,
-            queue_timeout: Duration::from_millis(50),
-            ..AdmissionSettings::default()
-        });
+        let l = one_place();
         let held = l.try_acquire().expect("the one place");
         let older = waiter(&l);
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -514,12 +513,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn once_the_queue_has_stood_for_the_timeout_the_newest_waiter_gets_the_place() {
-        let l = Limiter::new(AdmissionSettings {
-            initial_limit: 1,
-            min_limit: 1,
-            queue_timeout: Duration::from_millis(50),
-            ..AdmissionSettings::default()
-        });
+        let l = one_place();
         let held = l.try_acquire().expect("the one place");
         let first = waiter(&l);
         tokio::time::sleep(Duration::from_millis(40)).await;

@@ -11,10 +11,14 @@
 //! the edge.
 //!
 //! A reservation waits at most `admission.queue_timeout` for a place, then gets
-//! `503 OVERLOADED`, as for the edge's own admission limit. Vouchers have their places in a
-//! cache of `cache_capacity` entries, idle ones forgotten after a minute (a forgotten
-//! voucher whose requests are still at the cores starts afresh, so the bound may be passed
-//! for a moment, never by more than once more).
+//! `503 OVERLOADED`, as for the edge's own admission limit. Unlike that limit's, which go
+//! newest first once its wait has stood for the timeout, these places always go first
+//! come, first served (a fair semaphore): a sale's opening burst waits here longer than
+//! 50 ms, and newest first refused its earliest customers
+//! (`reports/bench/OVERLOAD-newest-first.md`). Vouchers have their places in a cache of
+//! `cache_capacity` entries, idle ones forgotten after a minute (a forgotten voucher whose
+//! requests are still at the cores starts afresh, so the bound may be passed for a moment,
+//! never by more than once more).
 
 use std::sync::Arc;
 use std::time::Duration;
