@@ -120,12 +120,20 @@ impl FlashPath {
             .remove(code);
     }
 
-    /// Rebuilds the gate: wait out publishes in flight, wait for the consumer, read
-    /// PostgreSQL, load (unless another instance got there first).
+    /// Rebuilds the gate: with the broker deciding, wait out publishes in flight and the
+    /// consumer; then read PostgreSQL and load (unless another instance got there first).
     pub async fn rebuild(&self, voucher: &Voucher) -> Result<Rebuild> {
-        // 1. A reservation that passed the gate just before it was lost may still be
-        //    publishing; after message_timeout its event is written or never will be.
-        tokio::time::sleep(self.inner.message_timeout).await;
+        // 1. With the broker deciding, a reservation that passed the gate just before it
+        //    was lost may still be publishing; after message_timeout its event is written
+        //    or never will be. With PostgreSQL deciding there is nothing to wait out: a
+        //    use's row is committed before its 201 and its event, and a recording still in
+        //    flight is ordered by the load's generation bump (it commits before the bump and
+        //    the read sees it, or it is refused as stale and never answered 201). Waiting
+        //    anyway cost every customer of the voucher 503s for message_timeout (5 s by
+        //    default) after a Redis failover.
+        if !self.database_decides() {
+            tokio::time::sleep(self.inner.message_timeout).await;
+        }
         // 2. Every event published so far is in PostgreSQL once the writers caught up.
         if !self
             .rows_caught_up(self.inner.settings.catch_up_timeout)

@@ -942,6 +942,55 @@ async fn with_the_gate_gone_order_lists_come_from_postgresql() {
     env.finish(&[a.accepted(), b.accepted()]).await;
 }
 
+/// With PostgreSQL deciding, a lost gate is rebuilt at once: every use is in PostgreSQL
+/// before its 201, and the load's generation bump orders a recording still in flight, so
+/// there are no publishes to wait out. The producer's timeout is set far beyond what the
+/// customers' retries of a 503 last (200 retries 50 ms apart): a rebuild that waited it
+/// out would leave the sale short of its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_postgresql_deciding_a_lost_gate_is_rebuilt_without_waiting_out_publishes() {
+    let env = FlashStack::builder()
+        .start_with(|s| {
+            s.flash.decision = Decision::Database;
+            s.flash.reconcile_grace = Duration::from_secs(121);
+            if let Some(k) = s.kafka.as_mut() {
+                k.message_timeout = Duration::from_secs(120);
+            }
+        })
+        .await;
+    env.app()
+        .given_voucher(flash_voucher("LOSTPG", 100, 1))
+        .await;
+    let code = VoucherCode::parse("LOSTPG").expect("code");
+
+    let plan = Sale {
+        in_flight: 20,
+        retries_503: 200,
+        ..Sale::new("LOSTPG", "lp", 500)
+    };
+    let selling = plan.run(env.app());
+    let loss = async {
+        sale_under_way(&env, "LOSTPG", 60).await;
+        env.gate.unload(&code).await.expect("keys deleted");
+    };
+    let (sale, ()) = tokio::join!(selling, loss);
+
+    assert!(sale.unavailable > 0, "requests during the rebuild got 503");
+    assert_eq!(
+        sale.created(),
+        100,
+        "the sale went on to the limit, no further"
+    );
+    assert_eq!(sale.count(StatusCode::CONFLICT, "OUT_OF_STOCK"), 400);
+    assert_eq!(env.rows("LOSTPG").await, 100);
+    let metrics = env.app().metrics().await;
+    assert_eq!(
+        metrics.sum("voucher_gate_rebuilds_total", &[("result", "loaded")]),
+        1.0
+    );
+    env.finish(&sale.accepted()).await;
+}
+
 /// With PostgreSQL deciding, a reservation whose commit is held up (the voucher's row
 /// locked, as by a slow disk or a long transaction) while the gate is lost and rebuilt:
 /// the rebuild must not read PostgreSQL before that commit is settled, or the new gate
