@@ -4,7 +4,8 @@
 //! rate (stopping early once the generator itself falls behind: more than 1% late starts),
 //! and two closed-model steps of 1,000 connections each sending as soon as it was answered:
 //! one whose clients wait a 503's `Retry-After` (plus jitter) as the API asks, one whose
-//! clients send again at once.
+//! clients send again at once; both at the core, then both through the edge (whose own
+//! admission limit and per-voucher places then bound what reaches the core).
 //! Each step has its voucher of its own, and every 201 of the run is checked against
 //! PostgreSQL and the gate at the end. Written to OVERLOAD.md, its section "Overload".
 
@@ -132,19 +133,23 @@ impl Run {
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
-            for (k, (client, clients)) in CLOSED_CLIENTS.iter().enumerate() {
+            let targets = [(self.core, "at the core"), (self.edge, "through the edge")];
+            let closed = targets
+                .iter()
+                .flat_map(|t| CLOSED_CLIENTS.iter().map(move |c| (t, c)));
+            for (k, ((target, via), (client, clients))) in closed.enumerate() {
                 let code = format!("O{}{}C{k}", &mode[..1], self.run_id);
                 self.stack.create_voucher(&code, 10_000_000, mode).await?;
-                let plan = reserve_plan(self.core, 1, step, &code, "o", CLOSED_CONNECTIONS);
+                let plan = reserve_plan(*target, 1, step, &code, "o", CLOSED_CONNECTIONS);
                 let before = cpu::sample();
                 let outcome =
-                    load::run_closed(self.core, CLOSED_CONNECTIONS, step, plan.request, *client)
+                    load::run_closed(*target, CLOSED_CONNECTIONS, step, plan.request, *client)
                         .await?;
                 let cpu = CpuSpent::between(&before, &cpu::sample());
                 remember_accepted(&self.accepted, &code, "o", &outcome);
                 rows.push(Row {
                     mode,
-                    offered: format!("closed, {CLOSED_CONNECTIONS} connections, {clients}"),
+                    offered: format!("closed, {CLOSED_CONNECTIONS} connections, {clients}, {via}"),
                     outcome,
                     floor,
                     cpu,
@@ -207,7 +212,9 @@ impl Run {
         writeln!(
             md,
             "- the cores: release binaries with `config/core.toml` and its `[admission]` \
-             defaults, `flash.decision` = {}; the load goes to one core, straight (no edge)",
+             defaults, `flash.decision` = {}; the load goes to one core, straight, except the \
+             closed-loop steps marked \"through the edge\" (the edge with `config/edge.yaml`, \
+             its voucher's reservations to that voucher's core)",
             decision
         )?;
         writeln!(
@@ -218,9 +225,11 @@ impl Run {
              own ceiling on these 2 shared cores); then {CLOSED_CONNECTIONS} connections in \
              closed loop, twice: clients that wait the `Retry-After` of a 503 (1 s) plus a \
              jitter of up to half of it before they send again, as the API asks of them (the \
-             wait is not counted as latency), then clients that send again at once. A new voucher of 10,000,000 uses per step, so no step sells out. \
-             \"Holds\": p99 of all answers under 100 ms and accepted uses per second at least \
-             0.9 of the sustained rate. Latency is from the scheduled send (open model) or \
+             wait is not counted as latency), then clients that send again at once; both at \
+             the core, then both through the edge. A new voucher of 10,000,000 uses per step, \
+             so no step sells out. \"Holds\": p99 of all answers under 100 ms and accepted \
+             uses per second at least 0.9 of the sustained rate (the core's, through the edge \
+             too, where the edge's own CPU comes on top on the same two cores). Latency is from the scheduled send (open model) or \
              the send (closed model).\n"
         )?;
         writeln!(md, "## Past the limit\n")?;
