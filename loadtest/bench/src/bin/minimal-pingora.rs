@@ -5,7 +5,10 @@
 //! rows edge / minimal Pingora / bare server / nginx say which part of the edge's cost is
 //! Pingora and which is ours.
 //!
-//!   minimal-pingora ADDR [THREADS]
+//! Given an UPSTREAM (host:port), it forwards every request there instead, and does nothing
+//! else either: the framework's own cost of a forwarded request, beside the edge's.
+//!
+//!   minimal-pingora ADDR [THREADS] [UPSTREAM]
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -20,7 +23,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const BODY: &[u8] = br#"{"error":"OUT_OF_STOCK","message":"the voucher has no uses left"}"#;
 
-struct Reject;
+/// Answers every request itself, or forwards every one to `upstream`.
+struct Reject {
+    upstream: Option<String>,
+}
 
 #[async_trait]
 impl ProxyHttp for Reject {
@@ -29,6 +35,9 @@ impl ProxyHttp for Reject {
     fn new_ctx(&self) {}
 
     async fn request_filter(&self, session: &mut Session, _ctx: &mut ()) -> Result<bool> {
+        if self.upstream.is_some() {
+            return Ok(false);
+        }
         while session.read_request_body().await?.is_some() {}
         let mut header = ResponseHeader::build(409, Some(3))?;
         header.insert_header("content-type", "application/json")?;
@@ -45,7 +54,14 @@ impl ProxyHttp for Reject {
     }
 
     async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut ()) -> Result<Box<HttpPeer>> {
-        Err(Error::explain(ErrorType::HTTPStatus(503), "never forwards"))
+        match &self.upstream {
+            Some(upstream) => Ok(Box::new(HttpPeer::new(
+                upstream.as_str(),
+                false,
+                String::new(),
+            ))),
+            None => Err(Error::explain(ErrorType::HTTPStatus(503), "never forwards")),
+        }
     }
 }
 
@@ -53,15 +69,16 @@ fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let addr = args
         .next()
-        .ok_or_else(|| anyhow::anyhow!("usage: minimal-pingora ADDR [THREADS]"))?;
+        .ok_or_else(|| anyhow::anyhow!("usage: minimal-pingora ADDR [THREADS] [UPSTREAM]"))?;
     let threads = args.next().map_or(Ok(2), |t| t.parse())?;
+    let upstream = args.next();
     let conf = ServerConf {
         threads,
         ..ServerConf::default()
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
-    let mut proxy = pingora::proxy::http_proxy_service(&server.configuration, Reject);
+    let mut proxy = pingora::proxy::http_proxy_service(&server.configuration, Reject { upstream });
     proxy.add_tcp(&addr);
     server.add_service(proxy);
     server.run_forever()
