@@ -266,18 +266,25 @@ async fn a_consumer_killed_mid_stream_and_restarted_loses_and_doubles_nothing() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_keys_lost_mid_sale_give_503s_then_the_sale_goes_on_without_oversell() {
     let env = FlashStack::start().await;
-    env.app().given_voucher(flash_voucher("LOST", 100, 1)).await;
-    let code = VoucherCode::parse("LOST").expect("code");
+    a_gate_lost_mid_sale_sells_out_exactly(env, "LOST", "lo").await;
+}
+
+/// A sale of 100 uses to 500 customers (each retrying a 503 up to 200 times, 50 ms apart)
+/// whose gate is deleted once 40 uses are taken: requests meanwhile get 503, one rebuild
+/// loads the gate again, and the sale goes on to exactly its limit, then the invariants.
+async fn a_gate_lost_mid_sale_sells_out_exactly(env: FlashStack, code: &str, tag: &str) {
+    env.app().given_voucher(flash_voucher(code, 100, 1)).await;
+    let voucher = VoucherCode::parse(code).expect("code");
 
     let plan = Sale {
         in_flight: 20,
         retries_503: 200,
-        ..Sale::new("LOST", "lo", 500)
+        ..Sale::new(code, tag, 500)
     };
     let selling = plan.run(env.app());
     let loss = async {
-        sale_under_way(&env, "LOST", 60).await;
-        env.gate.unload(&code).await.expect("keys deleted");
+        sale_under_way(&env, code, 60).await;
+        env.gate.unload(&voucher).await.expect("keys deleted");
     };
     let (sale, ()) = tokio::join!(selling, loss);
 
@@ -289,7 +296,7 @@ async fn redis_keys_lost_mid_sale_give_503s_then_the_sale_goes_on_without_overse
     );
     assert_eq!(sale.count(StatusCode::CONFLICT, "OUT_OF_STOCK"), 400);
     env.caught_up().await;
-    assert_eq!(env.rows("LOST").await, 100);
+    assert_eq!(env.rows(code).await, 100);
     let metrics = env.app().metrics().await;
     assert_eq!(
         metrics.sum("voucher_gate_rebuilds_total", &[("result", "loaded")]),
@@ -958,37 +965,7 @@ async fn with_postgresql_deciding_a_lost_gate_is_rebuilt_without_waiting_out_pub
             }
         })
         .await;
-    env.app()
-        .given_voucher(flash_voucher("LOSTPG", 100, 1))
-        .await;
-    let code = VoucherCode::parse("LOSTPG").expect("code");
-
-    let plan = Sale {
-        in_flight: 20,
-        retries_503: 200,
-        ..Sale::new("LOSTPG", "lp", 500)
-    };
-    let selling = plan.run(env.app());
-    let loss = async {
-        sale_under_way(&env, "LOSTPG", 60).await;
-        env.gate.unload(&code).await.expect("keys deleted");
-    };
-    let (sale, ()) = tokio::join!(selling, loss);
-
-    assert!(sale.unavailable > 0, "requests during the rebuild got 503");
-    assert_eq!(
-        sale.created(),
-        100,
-        "the sale went on to the limit, no further"
-    );
-    assert_eq!(sale.count(StatusCode::CONFLICT, "OUT_OF_STOCK"), 400);
-    assert_eq!(env.rows("LOSTPG").await, 100);
-    let metrics = env.app().metrics().await;
-    assert_eq!(
-        metrics.sum("voucher_gate_rebuilds_total", &[("result", "loaded")]),
-        1.0
-    );
-    env.finish(&sale.accepted()).await;
+    a_gate_lost_mid_sale_sells_out_exactly(env, "LOSTPG", "lp").await;
 }
 
 /// With PostgreSQL deciding, a reservation whose commit is held up (the voucher's row
