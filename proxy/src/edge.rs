@@ -276,6 +276,15 @@ impl ProxyHttp for Edge {
         ctx: &mut Ctx,
         _client_reused: bool,
     ) -> Box<Error> {
+        // The client went away (or could not be read) while its request was at a core:
+        // nothing the core did wrong, and nobody left to answer. Sent on to another core,
+        // every client that gives up at a sale's peak would cost the cores its request
+        // twice, and count as a core's failure.
+        if e.esource() == &pingora::ErrorSource::Downstream {
+            let mut e = e.more_context(format!("peer: {peer}"));
+            e.set_retry(false);
+            return e;
+        }
         // A core failed mid-request (killed, restarting). Every call of this API is
         // idempotent (reservations by orderId; confirm and release by state; GET), so the
         // request may go to another core even if the first one acted on it: the retry
@@ -322,6 +331,7 @@ impl ProxyHttp for Edge {
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
+        ctx.outcome = "upstream_error";
         let (status, code, message) = match e.etype() {
             ErrorType::HTTPStatus(503) => {
                 self.metrics
@@ -331,6 +341,7 @@ impl ProxyHttp for Edge {
                 (503, ErrorCode::ServiceUnavailable, "no core is available")
             }
             _ if e.esource() == &pingora::ErrorSource::Downstream => {
+                ctx.outcome = "client_error";
                 (400, ErrorCode::BadRequest, "the request could not be read")
             }
             // Every core failed this request. Not a 502: the client did nothing wrong and
@@ -347,7 +358,6 @@ impl ProxyHttp for Edge {
                 )
             }
         };
-        ctx.outcome = "upstream_error";
         if self
             .answer(session, &ctx.request_id, status, code, message)
             .await

@@ -67,10 +67,12 @@ const ROUTES: [&str; 6] = [
     "admin",
     "other",
 ];
-/// The edge's outcomes (`forwarded`, `upstream_error`, and `OwnAnswer::outcome`).
-const OUTCOMES: [&str; 12] = [
+/// The edge's outcomes (`forwarded`, `upstream_error`, `client_error`, and
+/// `OwnAnswer::outcome`).
+const OUTCOMES: [&str; 13] = [
     "forwarded",
     "upstream_error",
+    "client_error",
     "health",
     "readiness",
     "rate_limited",

@@ -1134,6 +1134,86 @@ async fn at_its_admission_limit_the_edge_refuses_a_reservation_itself_with_503_o
     stack.finish(&[first.accepted(), retry.accepted()]).await;
 }
 
+/// Sessions of the test's database waiting on a lock now.
+async fn waiting_on_locks(stack: &FlashStack) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+         AND datname = current_database()",
+    )
+    .fetch_one(&stack.pool)
+    .await
+    .expect("pg_stat_activity")
+}
+
+/// A client that gives up while its reservation is at a core (its connection closed before
+/// the answer) is no core's failure: the edge neither counts an upstream error nor sends
+/// the request on to the other core, which would cost the cores every abandoned request of
+/// a sale's peak twice. The client's retry then gets the one reservation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_that_gives_up_mid_request_is_not_sent_on_to_another_core() {
+    let stack = stack(Duration::from_secs(2)).await;
+    stack.app().given_voucher(voucher_body("GONE", 10, 1)).await;
+    let before: Vec<f64> = run_all(stack.cores.iter().map(reservations_at)).await;
+    let blocker = voucher_testkit::locks::lock_voucher_row(&stack.db.url, "GONE").await;
+    let url = format!("{}/vouchers/GONE/reservations", stack.edge().api.base);
+    let impatient = tokio::spawn(async move {
+        // Gives up (closes its connection) once its request has waited a second.
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(1))
+            .build()
+            .expect("client");
+        client
+            .post(url)
+            .json(&json!({"customerId": "c1", "orderId": "gone-1", "orderAmount": 100_000}))
+            .send()
+            .await
+    });
+    voucher_testkit::locks::until_waiting_on_locks(&stack.pool, 1, "the reservation at its core")
+        .await;
+    let gave_up = impatient.await.expect("client task");
+    assert!(
+        gave_up.as_ref().is_err_and(|e| e.is_timeout()),
+        "the client gave up: {gave_up:?}"
+    );
+    // The edge logs the request once it has seen the client go.
+    let metrics = eventually(
+        Duration::from_secs(10),
+        "the abandoned request logged",
+        || async {
+            let metrics = stack.edge().metrics().await;
+            (metrics.sum("edge_requests_total", &[("route", "reserve")]) >= 1.0).then_some(metrics)
+        },
+    )
+    .await;
+    assert_eq!(
+        metrics.sum("edge_requests_total", &[("outcome", "client_error")]),
+        1.0
+    );
+    assert_eq!(metrics.sum("edge_upstream_errors_total", &[]), 0.0);
+    let waiting = waiting_on_locks(&stack).await;
+    assert!(
+        waiting <= 1,
+        "only the first core's attempt may wait for the voucher: {waiting} waiting"
+    );
+
+    sqlx::Connection::close(blocker)
+        .await
+        .expect("lock released");
+    let retry = stack
+        .edge()
+        .api
+        .attempt("GONE", "c1", "gone-1", 100_000)
+        .await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
+    let after: Vec<f64> = run_all(stack.cores.iter().map(reservations_at)).await;
+    let reached = before.iter().zip(&after).filter(|(b, a)| a > b).count();
+    assert_eq!(
+        reached, 1,
+        "one core saw the order: {before:?} -> {after:?}"
+    );
+    stack.finish(&[retry.accepted()]).await;
+}
+
 /// The kill switch at the edge: once a core has answered VOUCHER_PAUSED, the edge answers
 /// newcomers itself with the same code, a holder's retry still reaches a core and gets its
 /// 201, and the resume is announced: the edge drops its flag at once (its TTL is 60 s) and
