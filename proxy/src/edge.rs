@@ -79,6 +79,8 @@ pub struct RequestState {
     outcome: &'static str,
     /// Upstreams this request failed to reach, skipped when it is retried.
     failed: Vec<String>,
+    /// The client went (or could not be read) while the request was at a core.
+    left_at_core: bool,
     /// The `x-request-id` this request goes on with (the client's valid one, or a new one),
     /// kept as the header value every answer carries: made a value once, not in each answer.
     pub(crate) request_id: HeaderValue,
@@ -197,6 +199,7 @@ impl ProxyHttp for Edge {
             started: Instant::now(),
             outcome: "forwarded",
             failed: Vec::new(),
+            left_at_core: false,
             request_id: HeaderValue::from_static(""),
             admitted: None,
             voucher_place: None,
@@ -281,6 +284,7 @@ impl ProxyHttp for Edge {
         // every client that gives up at a sale's peak would cost the cores its request
         // twice, and count as a core's failure.
         if e.esource() == &pingora::ErrorSource::Downstream {
+            ctx.left_at_core = true;
             let mut e = e.more_context(format!("peer: {peer}"));
             e.set_retry(false);
             return e;
@@ -339,6 +343,17 @@ impl ProxyHttp for Edge {
                     .with_label_values(&["no_upstream"])
                     .inc();
                 (503, ErrorCode::ServiceUnavailable, "no core is available")
+            }
+            // A client that only half-closed its connection while its request was at a core
+            // (pingora takes that for a close) still reads: it did nothing wrong, and the
+            // same request again is its remedy, as when no core answers.
+            _ if e.esource() == &pingora::ErrorSource::Downstream && ctx.left_at_core => {
+                ctx.outcome = "client_error";
+                (
+                    503,
+                    ErrorCode::ServiceUnavailable,
+                    "the connection closed before the core answered; retry the same request",
+                )
             }
             _ if e.esource() == &pingora::ErrorSource::Downstream => {
                 ctx.outcome = "client_error";

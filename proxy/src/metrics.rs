@@ -226,6 +226,7 @@ impl EdgeMetrics {
             "sold_out",
             "too_large",
             "upstream_error",
+            "client_error",
             "rate_limited",
             "overloaded",
         ] {
