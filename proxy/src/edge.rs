@@ -335,30 +335,35 @@ impl ProxyHttp for Edge {
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
-        ctx.outcome = "upstream_error";
-        let (status, code, message) = match e.etype() {
+        let downstream = e.esource() == &pingora::ErrorSource::Downstream;
+        let (outcome, status, code, message) = match e.etype() {
             ErrorType::HTTPStatus(503) => {
                 self.metrics
                     .upstream_errors
                     .with_label_values(&["no_upstream"])
                     .inc();
-                (503, ErrorCode::ServiceUnavailable, "no core is available")
+                (
+                    "upstream_error",
+                    503,
+                    ErrorCode::ServiceUnavailable,
+                    "no core is available",
+                )
             }
             // A client that only half-closed its connection while its request was at a core
             // (pingora takes that for a close) still reads: it did nothing wrong, and the
             // same request again is its remedy, as when no core answers.
-            _ if e.esource() == &pingora::ErrorSource::Downstream && ctx.left_at_core => {
-                ctx.outcome = "client_error";
-                (
-                    503,
-                    ErrorCode::ServiceUnavailable,
-                    "the connection closed before the core answered; retry the same request",
-                )
-            }
-            _ if e.esource() == &pingora::ErrorSource::Downstream => {
-                ctx.outcome = "client_error";
-                (400, ErrorCode::BadRequest, "the request could not be read")
-            }
+            _ if downstream && ctx.left_at_core => (
+                "client_error",
+                503,
+                ErrorCode::ServiceUnavailable,
+                "the connection closed before the core answered; retry the same request",
+            ),
+            _ if downstream => (
+                "client_error",
+                400,
+                ErrorCode::BadRequest,
+                "the request could not be read",
+            ),
             // Every core failed this request. Not a 502: the client did nothing wrong and
             // every call is idempotent, so the answer is "try again", as for no core at all.
             _ => {
@@ -367,12 +372,14 @@ impl ProxyHttp for Edge {
                     .with_label_values(&["proxy"])
                     .inc();
                 (
+                    "upstream_error",
                     503,
                     ErrorCode::ServiceUnavailable,
                     "no core answered; retry the same request",
                 )
             }
         };
+        ctx.outcome = outcome;
         if self
             .answer(session, &ctx.request_id, status, code, message)
             .await

@@ -1145,39 +1145,58 @@ async fn waiting_on_locks(stack: &FlashStack) -> i64 {
     .expect("pg_stat_activity")
 }
 
-/// A client that gives up while its reservation is at a core (its connection closed before
-/// the answer) is no core's failure: the edge neither counts an upstream error nor sends
-/// the request on to the other core (each attempt there was counted as one, and would cost
-/// the cores every abandoned request of a sale's peak twice). The client's retry then gets
-/// the one reservation.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_client_that_gives_up_mid_request_is_not_sent_on_to_another_core() {
+/// How the client of [`a_reservation_left_at_its_core`] leaves.
+enum Leaves {
+    /// Closes its connection: nobody is left to answer.
+    Closes,
+    /// Shuts only its sending side and waits for the answer.
+    HalfCloses,
+}
+
+/// A client leaves while its reservation waits at its core (held there by a row lock):
+/// that is no core's failure, so the edge neither counts an upstream error nor sends the
+/// request on to the other core (each attempt there was counted as one, and would cost the
+/// cores every abandoned request of a sale's peak twice). The client's retry then gets the
+/// one reservation.
+async fn a_reservation_left_at_its_core(leaves: Leaves) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let stack = stack(Duration::from_secs(2)).await;
     stack.app().given_voucher(voucher_body("GONE", 10, 1)).await;
     let blocker = voucher_testkit::locks::lock_voucher_row(&stack.db.url, "GONE").await;
-    // Sent by hand, so the client goes exactly when its request waits at its core.
-    let client = {
-        use tokio::io::AsyncWriteExt;
-        let body = r#"{"customerId":"c1","orderId":"gone-1","orderAmount":100000}"#;
-        let request = format!(
-            "POST /vouchers/GONE/reservations HTTP/1.1\r\nHost: x\r\n\
-             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        let mut stream =
-            tokio::net::TcpStream::connect(stack.edge().api.base.trim_start_matches("http://"))
-                .await
-                .expect("connects");
-        stream.write_all(request.as_bytes()).await.expect("sent");
-        stream
-    };
+    // Sent by hand, so the client leaves exactly when its request waits at its core.
+    let body = r#"{"customerId":"c1","orderId":"gone-1","orderAmount":100000}"#;
+    let request = format!(
+        "POST /vouchers/GONE/reservations HTTP/1.1\r\nHost: x\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut client =
+        tokio::net::TcpStream::connect(stack.edge().api.base.trim_start_matches("http://"))
+            .await
+            .expect("connects");
+    client.write_all(request.as_bytes()).await.expect("sent");
     voucher_testkit::locks::until_waiting_on_locks(&stack.pool, 1, "the reservation at its core")
         .await;
-    drop(client);
+    match leaves {
+        Leaves::Closes => drop(client),
+        Leaves::HalfCloses => {
+            client.shutdown().await.expect("sending side shut");
+            let mut answer = Vec::new();
+            tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut answer))
+                .await
+                .expect("answered and closed within 10 s")
+                .expect("read");
+            let answer = String::from_utf8_lossy(&answer).to_lowercase();
+            // Not a 400: it did nothing wrong, and the same request again is its remedy.
+            assert!(answer.starts_with("http/1.1 503"), "{answer}");
+            assert!(answer.contains("retry-after: 1"), "{answer}");
+            assert!(answer.contains("service_unavailable"), "{answer}");
+        }
+    }
     // The edge logs the request once it has seen the client go.
     let metrics = eventually(
         Duration::from_secs(10),
-        "the abandoned request logged",
+        "the left request logged",
         || async {
             let metrics = stack.edge().metrics().await;
             (metrics.sum("edge_requests_total", &[("route", "reserve")]) >= 1.0).then_some(metrics)
@@ -1205,6 +1224,17 @@ async fn a_client_that_gives_up_mid_request_is_not_sent_on_to_another_core() {
         .await;
     assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
     stack.finish(&[retry.accepted()]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_that_gives_up_mid_request_is_not_sent_on_to_another_core() {
+    a_reservation_left_at_its_core(Leaves::Closes).await;
+}
+
+/// A client that shuts only its sending side still reads: it gets 503 with Retry-After.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_that_half_closes_mid_request_is_told_to_retry() {
+    a_reservation_left_at_its_core(Leaves::HalfCloses).await;
 }
 
 /// The kill switch at the edge: once a core has answered VOUCHER_PAUSED, the edge answers
