@@ -98,31 +98,13 @@ impl Run {
         let mut ladders = Vec::new();
         let mut rows = Vec::new();
         for (mode, rates) in [("flash", flash_rates), ("standard", standard_rates)] {
-            let mut sustained = Vec::new();
-            for (target, via, tag) in [
-                (self.core, "at a core", "L"),
-                (self.edge, "through the edge", "E"),
-            ] {
-                eprintln!("overload, {mode} mode: the sustained rate {via} first");
-                // A warm-up first, neither timed nor reported, as in the accepting bench: a
-                // ladder's first step otherwise meets cold pools and caches (its p99 was
-                // the worst of the ladder in runs of 2026-12-06).
-                if let Some(&first) = rates.first() {
-                    let code = format!("O{}{}{tag}WARM", &mode[..1], self.run_id);
-                    let warm = Duration::from_secs(2).min(step);
-                    self.open_step(target, code, mode, first, warm).await?;
-                }
-                let mut n = 0;
-                let steps = climb(rates, |rate| {
-                    n += 1;
-                    let code = format!("O{}{}{tag}{n}", &mode[..1], self.run_id);
-                    self.open_step(target, code, mode, rate, step)
-                })
+            let at_core = self
+                .sustained(false, mode, rates, step, &mut ladders)
                 .await?;
-                sustained.push(best(&steps).map(|s| (s.rate, s.outcome.achieved_rate())));
-                ladders.push((mode, via, steps));
-            }
-            let (Some(sustained), Some(through_edge)) = (sustained[0], sustained[1]) else {
+            let through_edge = self
+                .sustained(true, mode, rates, step, &mut ladders)
+                .await?;
+            let (Some(sustained), Some(through_edge)) = (at_core, through_edge) else {
                 // Nothing to overload in this mode; its ladders in the report say why, and
                 // the other mode still runs.
                 eprintln!("  a {mode} ladder had no sustained step: nothing to overload");
@@ -183,6 +165,42 @@ impl Run {
         self.write_overload(step, decision, &ladders, &rows)
     }
 
+    /// The accepting ladder of `mode` at the core, or through the edge, kept in `ladders`:
+    /// its best sustained step's offered and achieved rates, if any step was sustained.
+    async fn sustained<'a>(
+        &self,
+        through_edge: bool,
+        mode: &'a str,
+        rates: &[u64],
+        step: Duration,
+        ladders: &mut Vec<(&'a str, &'static str, Vec<Step>)>,
+    ) -> anyhow::Result<Option<(u64, f64)>> {
+        let (target, via, tag) = if through_edge {
+            (self.edge, "through the edge", "E")
+        } else {
+            (self.core, "at a core", "L")
+        };
+        eprintln!("overload, {mode} mode: the sustained rate {via} first");
+        // A warm-up first, neither timed nor reported, as in the accepting bench: a ladder's
+        // first step otherwise meets cold pools and caches (its p99 was the worst of the
+        // ladder in runs of 2026-12-06).
+        if let Some(&first) = rates.first() {
+            let code = format!("O{}{}{tag}WARM", &mode[..1], self.run_id);
+            let warm = Duration::from_secs(2).min(step);
+            self.open_step(target, code, mode, first, warm).await?;
+        }
+        let mut n = 0;
+        let steps = climb(rates, |rate| {
+            n += 1;
+            let code = format!("O{}{}{tag}{n}", &mode[..1], self.run_id);
+            self.open_step(target, code, mode, rate, step)
+        })
+        .await?;
+        let sustained = best(&steps).map(|s| (s.rate, s.outcome.achieved_rate()));
+        ladders.push((mode, via, steps));
+        Ok(sustained)
+    }
+
     /// One open-model step of reservations of a new voucher `code`, at `rate`, sent to
     /// `target`.
     async fn open_step(
@@ -237,16 +255,17 @@ impl Run {
             md,
             "- the cores: release binaries with `config/core.toml` and its `[admission]` \
              defaults, `flash.decision` = {}; the load goes to one core, straight, except the \
-             closed-loop steps marked \"through the edge\" (the edge with `config/edge.yaml`, \
-             its voucher's reservations to that voucher's core)",
+             ladders and closed-loop steps marked \"through the edge\" (the edge with \
+             `config/edge.yaml`, its voucher's reservations to that voucher's core)",
             decision
         )?;
         writeln!(
             md,
             "- method: per mode, the accepting ladders find the sustained rate at the core and \
-             through the edge, each after an untimed warm-up of 2 s at its first rate (open model, p99 < 100 ms, at most 0.1% 503s); then open-model \
-             steps at 2, 4 and 10 times the core's offered rate, at the core, stopped after the first whose late starts pass 1% (the generator's \
-             own ceiling on these 2 shared cores); then {CLOSED_CONNECTIONS} connections in \
+             through the edge, each after an untimed warm-up of 2 s at its first rate (open \
+             model, p99 < 100 ms, at most 0.1% 503s); then open-model steps at 2, 4 and 10 \
+             times the core's offered rate, at the core, stopped after the first whose late \
+             starts pass 1% (the generator's own ceiling on these 2 shared cores); then {CLOSED_CONNECTIONS} connections in \
              closed loop, twice: clients that wait the `Retry-After` of a 503 (1 s) plus a \
              jitter of up to half of it before they send again, as the API asks of them (the \
              wait is not counted as latency), then clients that send again at once; both at \
