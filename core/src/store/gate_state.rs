@@ -74,9 +74,13 @@ impl GateRead {
 pub struct ReconcileView {
     /// The rows of the orders asked about (those that have one).
     pub rows: Vec<Reservation>,
-    /// Active uses (the voucher's counter) reserved before the instant asked about, to the
-    /// millisecond: a row of that very millisecond may be later than the gate's read, so it
-    /// is left out (counting too few here can only make a repair smaller, never oversell).
+    /// Active uses (the voucher's counter) the gate's read came after: those reserved
+    /// before its millisecond, and those of the orders asked about whatever their time.
+    /// Times are to the millisecond, so another row of the read's very millisecond may be
+    /// later than the read and is left out (counting too few here can only make a repair
+    /// smaller, never oversell); the orders asked about are the gate's unsettled ones, which
+    /// the gate took before its read, so each counts. Leaving those out too made a busy
+    /// voucher (several uses per millisecond) report a surplus of a few uses in every round.
     pub active_by: i64,
 }
 
@@ -173,8 +177,9 @@ impl Store {
         Ok(generation.unwrap_or(0))
     }
 
-    /// The rows of `orders` and the active uses reserved before `at`, from one
-    /// snapshot: a row written between two separate reads would count twice.
+    /// The rows of `orders` and the active uses reserved before `at` or by one of
+    /// `orders` (see [`ReconcileView::active_by`]), from one snapshot: a row written
+    /// between two separate reads would count twice.
     #[tracing::instrument(name = "db.reconcile_view", skip(self, orders), fields(orders = orders.len()))]
     pub async fn reconcile_view(
         &self,
@@ -191,11 +196,13 @@ impl Store {
             "SELECT v.used_count - (SELECT count(*) FROM redemptions r
                                     WHERE r.voucher_code = v.code
                                       AND r.status IN ('RESERVED', 'CONFIRMED')
-                                      AND r.reserved_at >= $2)
+                                      AND r.reserved_at >= $2
+                                      AND r.order_id <> ALL($3))
              FROM vouchers v WHERE v.code = $1",
         )
         .bind(code.as_str())
         .bind(at)
+        .bind(orders)
         .fetch_optional(&mut *tx)
         .await?
         .ok_or(Error::VoucherNotFound)?;
