@@ -58,18 +58,8 @@ impl Run {
         // worst even where the next, higher step held (runs of 2026-12-01).
         if let Some(&first) = rates.first() {
             let code = format!("A{}WARM", self.run_id);
-            self.stack.create_voucher(&code, 10_000_000, mode).await?;
-            let warm = Duration::from_secs(2).min(step);
-            let outcome = load::run(reserve_plan(
-                self.core,
-                first,
-                warm,
-                &code,
-                "a",
-                SALE_CONNECTIONS,
-            ))
-            .await?;
-            remember_accepted(&self.accepted, &code, "a", &outcome);
+            self.warm_up(self.core, &code, 10_000_000, mode, first, step, "a")
+                .await?;
         }
         let mut steps = Vec::new();
         for &rate in rates {

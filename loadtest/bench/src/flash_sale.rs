@@ -43,30 +43,20 @@ impl Run {
         rates: &[u64],
         step: Duration,
     ) -> anyhow::Result<Option<u64>> {
+        eprintln!("flash sale through the edge");
+        // A warm-up first, as in the other ladders: a voucher of one use sold at the first
+        // rate, so the edge's flag answers nearly all of it. Without it the first step
+        // measured the generator's own start as well: at 10,000/s as the first rate it
+        // failed in thirteen runs of thirteen (201 p99 110-213 ms, up to 1,544 late
+        // starts), and held with p99 61 ms right after a 5,000/s step on the same stack
+        // (SALE-first-burst.md).
+        if let Some(&first) = rates.first() {
+            let code = format!("S{}WARM", self.run_id);
+            self.warm_up(self.edge, &code, 1, "flash", first, step, "w")
+                .await?;
+        }
         let (stack, run_id, accepted, edge) =
             (&self.stack, &self.run_id, &self.accepted, self.edge);
-        eprintln!("flash sale through the edge");
-        // A warm-up first, neither timed nor reported, as in the other ladders: a voucher of
-        // one use sold at the first rate for 2 s, so the edge's flag answers nearly all of
-        // it. Without it the first step measured the generator's own start as well: at
-        // 10,000/s as the first rate it failed in thirteen runs of thirteen (201 p99 110-213 ms,
-        // up to 1,544 late starts), and held with p99 61 ms right after a 5,000/s step
-        // on the same stack (SALE-first-burst.md).
-        if let Some(&first) = rates.first() {
-            let code = format!("S{run_id}WARM");
-            stack.create_voucher(&code, 1, "flash").await?;
-            let warm = Duration::from_secs(2).min(step);
-            let outcome = load::run(reserve_plan(
-                edge,
-                first,
-                warm,
-                &code,
-                "w",
-                SALE_CONNECTIONS,
-            ))
-            .await?;
-            remember_accepted(accepted, &code, "w", &outcome);
-        }
         let sale_details = Mutex::new(Vec::new());
         let flash_steps = climb(rates, |rate| {
             let (stack, run_id, sale_details, accepted) =

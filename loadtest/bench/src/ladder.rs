@@ -16,6 +16,10 @@ use crate::report::fmt_ms;
 pub const SALE_CONNECTIONS: usize = 1024;
 /// Connections for fast answers: more would only cost the shared CPU context switches.
 pub const FAST_CONNECTIONS: usize = 256;
+/// How long a ladder's untimed warm-up runs at its first rate (never longer than a step):
+/// a ladder's first step otherwise measured cold pools and caches, or the generator's own
+/// start, along with the service.
+pub const WARM_UP: Duration = Duration::from_secs(2);
 
 /// One step of a ladder, summarised.
 pub struct Step {

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use crate::cpu::{self, CpuSpent};
 use crate::invariants::remember_accepted;
-use crate::ladder::{best, climb, reserve_plan, Step, SALE_CONNECTIONS};
+use crate::ladder::{best, climb, reserve_plan, Step, SALE_CONNECTIONS, WARM_UP};
 use crate::load::{self, Client, Outcome};
 use crate::probe;
 use crate::report::fmt_ms;
@@ -186,7 +186,7 @@ impl Run {
         // ladder in runs of 2026-12-06).
         if let Some(&first) = rates.first() {
             let code = format!("O{}{}{tag}WARM", &mode[..1], self.run_id);
-            let warm = Duration::from_secs(2).min(step);
+            let warm = WARM_UP.min(step);
             self.open_step(target, code, mode, first, warm).await?;
         }
         let mut n = 0;

@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::cpu::CpuSpent;
-use crate::ladder::{best_rate, climb, reserve_plan, Step, FAST_CONNECTIONS};
+use crate::ladder::{best_rate, climb, reserve_plan, Step, FAST_CONNECTIONS, WARM_UP};
 use crate::load;
 use crate::report::write_steps;
 use crate::run::Run;
@@ -313,7 +313,7 @@ async fn measure(
     // its ladder, and both Pingora servers failed their first step of 10,000/s cold (p99
     // 107 and 41 ms, late starts) and then held 50,000/s (runs of 2026-12-01).
     if let Some(&first) = rates.first() {
-        let warm = Duration::from_secs(2).min(step);
+        let warm = WARM_UP.min(step);
         load::run(reserve_plan(
             target,
             first,

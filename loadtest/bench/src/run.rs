@@ -4,9 +4,13 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use voucher_testkit::invariants::Accepted;
 
+use crate::invariants::remember_accepted;
+use crate::ladder::{reserve_plan, SALE_CONNECTIONS, WARM_UP};
+use crate::load;
 use crate::probe::Stack;
 use crate::StackArgs;
 
@@ -40,5 +44,26 @@ impl Run {
             table: Vec::new(),
             report: String::new(),
         })
+    }
+
+    /// A ladder's warm-up, neither timed nor reported: new reservations of a new voucher
+    /// `code` (`limit` uses, `mode`) sent to `target` at `rate` for [`WARM_UP`] (at most
+    /// `step`); its 201s join the invariant check.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn warm_up(
+        &self,
+        target: SocketAddr,
+        code: &str,
+        limit: i64,
+        mode: &str,
+        rate: u64,
+        step: Duration,
+        tag: &'static str,
+    ) -> anyhow::Result<()> {
+        self.stack.create_voucher(code, limit, mode).await?;
+        let plan = reserve_plan(target, rate, WARM_UP.min(step), code, tag, SALE_CONNECTIONS);
+        let outcome = load::run(plan).await?;
+        remember_accepted(&self.accepted, code, tag, &outcome);
+        Ok(())
     }
 }
