@@ -9,6 +9,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use crate::bounds::{Asked, Cost, PathFound};
 use crate::cpu::{self, CpuSpent};
 use crate::invariants::remember_accepted;
 use crate::ladder::{reserve_plan, SALE_CONNECTIONS};
@@ -25,6 +26,88 @@ pub(crate) struct Alone {
     pub postgres_us_per_use: f64,
 }
 
+/// What the issue asks of accepting on one hot voucher at a core, in either mode.
+const ASKED_ACCEPTS: f64 = 10_000.0;
+
+/// The standing of `mode`'s accepting path at a core: what is asked of it is 10,000/s,
+/// aiming (flash) at half of what the grouped decision takes alone.
+fn found(mode: &str, steps: &[AcceptStep], alone: &[Alone]) -> PathFound {
+    let cost = |s: &AcceptStep| Cost {
+        rate: s.rate,
+        answers: s.accepted,
+        cpu: s.cpu.clone(),
+    };
+    let sustained = steps
+        .iter()
+        .rfind(|s| s.sustained)
+        .map(|s| (s.achieved, Some(cost(s))));
+    let failed = steps.last().filter(|s| !s.sustained).map(|s| {
+        (
+            format!("{}/s", s.rate),
+            s.why.clone().unwrap_or_default(),
+            Some(cost(s)),
+        )
+    });
+    let alone_best = alone.iter().map(|a| a.uses_per_sec).fold(0.0, f64::max);
+    let what = if mode == "flash" {
+        format!(
+            "aiming at half of the grouped decision alone, {:.0}/s",
+            alone_best / 2.0
+        )
+    } else {
+        "at most one transaction per 10 uses".to_owned()
+    };
+    PathFound {
+        path: format!(
+            "{} accepting, one hot voucher, at a core",
+            capitalised(mode)
+        ),
+        sustained,
+        failed,
+        asked: Some(Asked {
+            rate: ASKED_ACCEPTS,
+            what,
+        }),
+        climbs: true,
+    }
+}
+
+impl Run {
+    /// The summary table's row of accepting on one hot voucher at a core, flash against
+    /// standard, from the two accepting ladders; `decision` is the cores'
+    /// `flash.decision`, to name what a flash use waits for.
+    pub fn hot_voucher_row(&mut self, decision: &str) {
+        let rate = |mode: &str| {
+            let path = format!(
+                "{} accepting, one hot voucher, at a core",
+                capitalised(mode)
+            );
+            self.found
+                .iter()
+                .find(|f| f.path == path)
+                .and_then(|f| f.sustained.as_ref().map(|(rate, _)| *rate))
+                .unwrap_or(0.0)
+        };
+        let (flash, standard) = (rate("flash"), rate("standard"));
+        self.table.push(format!(
+            "| Accepting on one hot voucher, at a core: flash gate path vs standard PostgreSQL path (ours) | {flash:.0}/s | {standard:.0}/s | {:.2} | flash = Redis script + {} per use; ladders and CPU per accept in the sections \"Accepting at a core\" |",
+            flash / standard.max(1.0),
+            match decision {
+                "broker" => "Kafka acks=all",
+                _ => "PostgreSQL commit (grouped)",
+            }
+        ));
+    }
+}
+
+/// `flash` as `Flash`.
+pub(crate) fn capitalised(word: &str) -> String {
+    let mut chars = word.chars();
+    chars
+        .next()
+        .map_or(String::new(), |c| c.to_uppercase().chain(chars).collect())
+}
+
 /// Batch sizes and writers of the decision measured alone.
 const ALONE: [(usize, usize); 4] = [(10, 1), (50, 1), (200, 1), (50, 2)];
 
@@ -35,6 +118,8 @@ struct AcceptStep {
     achieved: f64,
     p99: Option<f64>,
     sustained: bool,
+    /// Why it was not sustained.
+    why: Option<String>,
     cpu: CpuSpent,
     writing_transactions: i64,
     consumer_transactions: f64,
@@ -45,19 +130,22 @@ struct AcceptStep {
 }
 
 impl Run {
-    /// The accepting ladder at one core with the CPU breakdown; climbs until a step is not
-    /// sustained (it stops at the first failed step above a sustained one).
+    /// The accepting ladder at one core with the CPU breakdown, as a section of a report;
+    /// climbs until a step is not sustained (it stops at the first failed step above a
+    /// sustained one). Its standing goes to [`Run::found`].
     pub async fn accept_breakdown(
         &mut self,
         rates: &[u64],
         step: Duration,
         mode: &str,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<String> {
+        let initial = mode[..1].to_ascii_uppercase();
         // A warm-up first, neither timed nor reported: on a stack just started the first
         // step met cold pools, caches and producer metadata, and its p99 was the ladder's
         // worst even where the next, higher step held (runs of 2026-12-01).
         if let Some(&first) = rates.first() {
-            let code = format!("A{}WARM", self.run_id);
+            // Codes carry the mode: one run climbs both modes (`./loadtest/bench.sh`).
+            let code = format!("A{initial}{}WARM", self.run_id);
             self.warm_up(self.core, &code, 10_000_000, mode, first, step, "a")
                 .await?;
         }
@@ -65,7 +153,7 @@ impl Run {
         for &rate in rates {
             // A voucher per step: every request of the step is a new order, none a retry
             // of an earlier step's.
-            let code = format!("A{}R{rate}", self.run_id);
+            let code = format!("A{initial}{}R{rate}", self.run_id);
             self.stack.create_voucher(&code, 10_000_000, mode).await?;
             let tag = "a";
             let (_, _, xid_before, consumer_before) = self.stack.sale_counters().await?;
@@ -94,6 +182,7 @@ impl Run {
                 achieved: accepted as f64 / step.as_secs_f64(),
                 p99: outcome.percentile(99.0, |s| s.status != 0),
                 sustained: outcome.sustained(100.0),
+                why: Some(outcome.shortfalls(100.0).join("; ")).filter(|w| !w.is_empty()),
                 cpu: CpuSpent::between(&before, &after),
                 writing_transactions: xid_after - xid_before,
                 consumer_transactions: consumer_after - consumer_before,
@@ -113,14 +202,14 @@ impl Run {
             }
         }
         let pool = self.stack.db.clone();
-        let alone = self.decision_alone(step, mode, &pool, "").await?;
-        self.invariants().await?;
+        let alone = self.decision_alone(step, mode, &pool, &initial).await?;
+        self.found(found(mode, &steps, &alone));
         let mut md = String::new();
-        writeln!(md, "# Where an accepted {mode} reservation's time goes\n")?;
-        writeln!(md, "- when: {}", chrono::Utc::now().to_rfc3339())?;
-        writeln!(md, "- machine: {}", crate::probe::machine())?;
-        writeln!(md, "- command: `ACCEPT_MODE={mode} BENCH_ONLY=accept ./loadtest/bench.sh` (steps of {} s, rates in ACCEPT_RATES, after an untimed warm-up of 2 s at the first rate)", step.as_secs())?;
-        writeln!(md, "- load: new reservations of one {mode} voucher of 10,000,000 uses, straight to one core, open model, {SALE_CONNECTIONS} connections; PostgreSQL deciding")?;
+        writeln!(
+            md,
+            "\n## Accepting at a core, {mode} mode: where an accepted reservation's time goes\n"
+        )?;
+        writeln!(md, "- load: new reservations of one {mode} voucher of 10,000,000 uses (a new voucher per step), straight to one core, open model, {SALE_CONNECTIONS} connections, steps of {} s after an untimed warm-up of 2 s at the first rate; PostgreSQL deciding", step.as_secs())?;
         writeln!(md, "- CPU: user plus system time of every process of the stack from `/proc/<pid>/stat`, read right before and after the step, divided by the step's accepted reservations (µs per accept); `machine busy` is all of it over the step's wall time on 2 cores. The cores' column sums both cores (the one not called runs its background jobs); PostgreSQL sums every backend and its own processes")?;
         writeln!(md, "- writing transactions: the server's transaction ids taken over the step (only writing transactions take one), whole server; consumer transactions from `voucher_consumer_transactions_total`")?;
         writeln!(md, "- waits: the core's mean time in the gate script (`voucher_gate_duration_seconds`) and in PostgreSQL's grouped commit, queue included (`voucher_record_duration_seconds`); flash mode only. Uses per statement: the mean of `voucher_group_size` for the mode over the step")?;
@@ -144,7 +233,10 @@ impl Run {
                 s.record_ms,
             )?;
         }
-        writeln!(md, "\n## PostgreSQL's grouped decision alone\n")?;
+        writeln!(
+            md,
+            "\n### PostgreSQL's grouped decision alone, {mode} mode\n"
+        )?;
         if mode == "standard" {
             writeln!(md, "The core's own statement (`DecidedWriter::reserve_standard`, what standard mode's grouper runs), called in a loop by this process with batches of a fixed size for one step's time, on one standard voucher of 10,000,000 uses: what one grouping worker could decide if the HTTP path and the queue cost nothing.\n")?;
         } else {
@@ -158,17 +250,7 @@ impl Run {
                 a.batch, a.writers, a.uses_per_sec, a.transactions_per_sec, a.postgres_us_per_use
             )?;
         }
-        writeln!(md, "\n| check | verdict | | | |\n|---|---|---|---|---|")?;
-        for row in &self.table {
-            writeln!(md, "{row}")?;
-        }
-        let file = if mode == "standard" {
-            "ACCEPT-standard.md"
-        } else {
-            "ACCEPT.md"
-        };
-        std::fs::write(self.out.join(file), md)?;
-        Ok(())
+        Ok(md)
     }
 
     /// The core's grouped decision, called directly on `pool` in batches of each size of

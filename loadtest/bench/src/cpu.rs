@@ -80,6 +80,7 @@ fn parse_stat(stat: &str) -> Option<(&'static str, u64)> {
 }
 
 /// CPU spent by each part between two samples.
+#[derive(Clone)]
 pub struct CpuSpent {
     pub wall: Duration,
     /// part -> CPU seconds, in the order of [`PARTS`].
@@ -105,6 +106,16 @@ impl CpuSpent {
         }
     }
 
+    /// All parts' CPU, in seconds.
+    pub fn total(&self) -> f64 {
+        self.by_part.iter().map(|(_, s)| s).sum()
+    }
+
+    /// The share of `cores` cores all parts used over the wall time.
+    pub fn busy(&self, cores: f64) -> f64 {
+        self.total() / (self.wall.as_secs_f64() * cores).max(f64::EPSILON)
+    }
+
     /// Every part's CPU in microseconds per request of `requests`, and the whole
     /// machine's share used (of `cores` cores), as table cells.
     pub fn cells(&self, requests: u64, cores: f64) -> Vec<String> {
@@ -114,12 +125,8 @@ impl CpuSpent {
             .iter()
             .map(|(_, secs)| format!("{:.0}", per(*secs)))
             .collect();
-        let total: f64 = self.by_part.iter().map(|(_, s)| s).sum();
-        cells.push(format!("{:.0}", per(total)));
-        cells.push(format!(
-            "{:.0}%",
-            100.0 * total / (self.wall.as_secs_f64() * cores).max(f64::EPSILON)
-        ));
+        cells.push(format!("{:.0}", per(self.total())));
+        cells.push(format!("{:.0}%", 100.0 * self.busy(cores)));
         cells
     }
 

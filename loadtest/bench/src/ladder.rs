@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::cpu::{self, CpuSpent};
 use crate::load::{Outcome, Plan, RequestFn};
 use crate::probe::reserve_body;
 use crate::report::fmt_ms;
@@ -29,6 +30,8 @@ pub struct Step {
     /// A condition of the step's own that its answers do not show, when it was not met
     /// (the sale's: exactly the limit issued, few requests at a core after the sell-out).
     pub unmet: Option<String>,
+    /// What every process of the stack spent over the step (set by [`climb`]).
+    pub cpu: Option<CpuSpent>,
 }
 
 impl Step {
@@ -104,7 +107,8 @@ pub fn reserve_request(code: &str, tag: &'static str) -> RequestFn {
     })
 }
 
-/// Climbs a ladder of rates until a step is not sustained; returns every step run.
+/// Climbs a ladder of rates until a step is not sustained; returns every step run, each
+/// with the CPU the stack's processes spent over it.
 pub async fn climb<F, Fut>(rates: &[u64], mut run_step: F) -> anyhow::Result<Vec<Step>>
 where
     F: FnMut(u64) -> Fut,
@@ -112,7 +116,9 @@ where
 {
     let mut steps = Vec::new();
     for &rate in rates {
-        let step = run_step(rate).await?;
+        let before = cpu::sample();
+        let mut step = run_step(rate).await?;
+        step.cpu = Some(CpuSpent::between(&before, &cpu::sample()));
         let ok = step.sustained();
         eprintln!("  {rate}/s: {}", step.line());
         steps.push(step);

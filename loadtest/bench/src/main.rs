@@ -2,7 +2,8 @@
 //! `loadtest/bench.sh`) and writes a Markdown report with the ratio table, plus CSV files
 //! for the plots.
 //!
-//!   voucher-bench [OUT]              the benchmark (OUT: reports/bench)
+//!   voucher-bench [OUT]              the benchmark, every comparison in one run, ending with
+//!                                    what now limits each path (OUT: reports/bench)
 //!   voucher-bench bare-409 ADDR      the bare 409 server it compares the edge with
 //!   voucher-bench rate-limits [OUT]  only what the edge's rate limits and access log cost (RATE-LIMITS.md)
 //!   voucher-bench accept [OUT]       only the accepting ladder at a core, with the CPU of every
@@ -29,11 +30,11 @@
 mod accept;
 mod bare;
 mod big;
+mod bounds;
 mod broker_alone;
 mod cpu;
 mod flash_sale;
 mod gate_vs_redis;
-mod hot_voucher;
 mod invariants;
 mod ladder;
 mod latency;
@@ -223,7 +224,7 @@ struct BenchArgs {
     #[arg(
         long,
         env = "ACCEPT_RATES",
-        default_value = "250,500,1000,1500,2000,3000,4000"
+        default_value = "2000,4000,6000,8000,10000,12000,14000,16000"
     )]
     accept_rates: Rates,
     /// The voucher mode of `accept`: flash (ACCEPT.md) or standard (ACCEPT-standard.md).
@@ -371,8 +372,12 @@ async fn main() -> anyhow::Result<()> {
         Some(Command::Accept { out }) => {
             let step = Duration::from_secs(cli.bench.step_secs);
             let mut run = Run::connect(out, &cli.stack).await?;
-            run.accept_breakdown(&cli.bench.accept_rates.0, step, &cli.bench.accept_mode)
-                .await
+            let mode = cli.bench.accept_mode.clone();
+            let section = run
+                .accept_breakdown(&cli.bench.accept_rates.0, step, &mode)
+                .await?;
+            run.invariants().await?;
+            report::write_accept(&run, &mode, &section)
         }
         Some(Command::Sale { out }) => {
             let step = Duration::from_secs(cli.bench.step_secs);
@@ -420,14 +425,20 @@ async fn main() -> anyhow::Result<()> {
             let mut run = Run::connect(out, &cli.stack).await?;
             let b = &cli.bench;
             let (flash, standard) = (&b.overload_flash_rates.0, &b.overload_standard_rates.0);
-            run.overload(flash, standard, step, &cli.stack.decision)
-                .await
+            let section = run
+                .overload(flash, standard, step, &cli.stack.decision)
+                .await?;
+            run.invariants().await?;
+            report::write_overload(&run, &section)
         }
         None => bench(cli.out, &cli.stack, &cli.bench).await,
     }
 }
 
-/// The benchmark: every comparison, then REPORT.md.
+/// The benchmark: every comparison, then REPORT.md, in one run: the sale and the reject
+/// paths (summary table and ladders), accepting at a core in both modes, the gate against
+/// redis-benchmark, overload, the peak memory, the invariants, and what now limits each
+/// path.
 async fn bench(out: PathBuf, stack: &StackArgs, args: &BenchArgs) -> anyhow::Result<()> {
     let step = Duration::from_secs(args.step_secs);
     let mut run = Run::connect(out, stack).await?;
@@ -435,11 +446,25 @@ async fn bench(out: PathBuf, stack: &StackArgs, args: &BenchArgs) -> anyhow::Res
     run.reject_path(&args.reject_rates.0, step).await?;
     run.rate_limit_cost().await?;
     run.access_log_cost().await?;
-    run.hot_voucher(&args.accept_rates.0, step, &stack.decision)
-        .await?;
+    let mut sections = Vec::new();
+    for mode in ["flash", "standard"] {
+        sections.push(
+            run.accept_breakdown(&args.accept_rates.0, step, mode)
+                .await?,
+        );
+    }
+    run.hot_voucher_row(&stack.decision);
     run.gate_vs_redis_benchmark(args.gate_requests).await?;
+    let (flash, standard) = (
+        &args.overload_flash_rates.0,
+        &args.overload_standard_rates.0,
+    );
+    sections.push(run.overload(flash, standard, step, &stack.decision).await?);
     run.peak_memory();
     run.invariants().await?;
+    for section in sections {
+        run.report.push_str(&section);
+    }
     report::write_report(&run, &stack.decision, step)
 }
 

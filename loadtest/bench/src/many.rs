@@ -271,6 +271,7 @@ impl Run {
                     100.0 * at_core as f64 / after.max(1) as f64
                 ),
                 unmet,
+                cpu: None,
             },
             vouchers,
         ))

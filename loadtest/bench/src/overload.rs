@@ -9,16 +9,17 @@
 //! core). Each closed step must keep 0.9 of its own path's sustained rate: through the
 //! edge, the edge's CPU shares the same two cores, so that path sustains less.
 //! Each step has its voucher of its own, and every 201 of the run is checked against
-//! PostgreSQL and the gate at the end. Written to OVERLOAD.md, its section "Overload".
+//! PostgreSQL and the gate at the end. The section "Overload" of REPORT.md, and OVERLOAD.md.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use crate::accept::capitalised;
+use crate::bounds::{Asked, Cost, PathFound};
 use crate::cpu::{self, CpuSpent};
 use crate::invariants::remember_accepted;
 use crate::ladder::{best, climb, reserve_plan, Step, SALE_CONNECTIONS, WARM_UP};
 use crate::load::{self, Client, Outcome};
-use crate::probe;
 use crate::report::fmt_ms;
 use crate::run::Run;
 
@@ -80,6 +81,51 @@ impl Row {
         )
     }
 
+    /// A closed loop's standing: the accepts it kept against its floor, and why it did not
+    /// hold if it did not (open steps past the limit measure the generator's ceiling).
+    fn found(&self) -> Option<PathFound> {
+        if !self.offered.starts_with("closed") {
+            return None;
+        }
+        let o = &self.outcome;
+        let cost = Cost {
+            rate: 0,
+            answers: o.completed(),
+            cpu: self.cpu.clone(),
+        };
+        let mut why = Vec::new();
+        match o.percentile(99.0, |s| s.status != 0) {
+            Some(p) if p < 100.0 => {}
+            p => why.push(format!(
+                "p99 of all answers {}, not under 100 ms",
+                fmt_ms(p)
+            )),
+        }
+        if self.accepted_rate() < self.floor {
+            why.push(format!(
+                "{:.0} accepted/s, under the floor of {:.0}/s",
+                self.accepted_rate(),
+                self.floor
+            ));
+        }
+        Some(PathFound {
+            path: format!("Overload, {} mode, {}", self.mode, self.offered),
+            sustained: Some((self.accepted_rate(), Some(cost.clone()))),
+            failed: (!why.is_empty()).then(|| {
+                (
+                    format!("{:.0} answers/s", o.achieved_rate()),
+                    why.join("; "),
+                    Some(cost),
+                )
+            }),
+            asked: Some(Asked {
+                rate: self.floor,
+                what: "0.9 of the path's sustained rate, p99 of all answers under 100 ms".into(),
+            }),
+            climbs: false,
+        })
+    }
+
     /// The step's CPU per answered request, by process, and the machine's share used.
     fn cpu_line(&self) -> String {
         let cells = self.cpu.cells(self.outcome.completed(), 2.0).join(" | ");
@@ -88,13 +134,15 @@ impl Row {
 }
 
 impl Run {
+    /// The section "Overload" of a report; the ladders through the edge and the closed
+    /// loops go to [`Run::found`].
     pub async fn overload(
         &mut self,
         flash_rates: &[u64],
         standard_rates: &[u64],
         step: Duration,
         decision: &str,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<String> {
         let mut ladders = Vec::new();
         let mut rows = Vec::new();
         for (mode, rates) in [("flash", flash_rates), ("standard", standard_rates)] {
@@ -161,8 +209,21 @@ impl Run {
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
-        self.invariants().await?;
-        self.write_overload(step, decision, &ladders, &rows)
+        for (mode, via, steps) in &ladders {
+            if *via == "through the edge" {
+                let path = format!(
+                    "{} accepting, one hot voucher, through the edge",
+                    capitalised(mode)
+                );
+                self.found(PathFound::from_ladder(&path, steps, None));
+            }
+        }
+        for row in &rows {
+            if let Some(found) = row.found() {
+                self.found(found);
+            }
+        }
+        section(step, decision, &ladders, &rows)
     }
 
     /// The accepting ladder of `mode` at the core, or through the edge, kept in `ladders`:
@@ -229,37 +290,37 @@ impl Run {
         );
         Ok(Step {
             unmet: None,
+            cpu: None,
             rate,
             outcome,
             note,
         })
     }
+}
 
-    fn write_overload(
-        &self,
-        step: Duration,
-        decision: &str,
-        ladders: &[(&str, &str, Vec<Step>)],
-        rows: &[Row],
-    ) -> anyhow::Result<()> {
-        let mut md = String::from("# Overload\n\n");
-        writeln!(md, "- when: {}", chrono::Utc::now().to_rfc3339())?;
-        writeln!(md, "- machine: {}", probe::machine())?;
-        writeln!(
-            md,
-            "- command: `BENCH_ONLY=overload ./loadtest/bench.sh` ({} s steps; flash rates \
-             `OVERLOAD_FLASH_RATES`, standard `OVERLOAD_STANDARD_RATES`)",
-            step.as_secs()
-        )?;
-        writeln!(
-            md,
-            "- the cores: release binaries with `config/core.toml` and its `[admission]` \
+/// The section "Overload": how it was run, the steps past the limit, their CPU, and the
+/// ladders that found each path's sustained rate.
+fn section(
+    step: Duration,
+    decision: &str,
+    ladders: &[(&str, &str, Vec<Step>)],
+    rows: &[Row],
+) -> anyhow::Result<String> {
+    let mut md = String::from("\n## Overload\n\n");
+    writeln!(
+        md,
+        "- steps of {} s; flash rates `OVERLOAD_FLASH_RATES`, standard `OVERLOAD_STANDARD_RATES`",
+        step.as_secs()
+    )?;
+    writeln!(
+        md,
+        "- the cores: release binaries with `config/core.toml` and its `[admission]` \
              defaults, `flash.decision` = {}; the load goes to one core, straight, except the \
              ladders and closed-loop steps marked \"through the edge\" (the edge with \
              `config/edge.yaml`, its voucher's reservations to that voucher's core)",
-            decision
-        )?;
-        writeln!(
+        decision
+    )?;
+    writeln!(
             md,
             "- method: per mode, the accepting ladders find the sustained rate at the core and \
              through the edge, each after an untimed warm-up of 2 s at its first rate (open \
@@ -277,43 +338,32 @@ impl Run {
              cores). Latency is from the scheduled send (open model) or the send (closed \
              model).\n"
         )?;
-        writeln!(md, "## Past the limit\n")?;
-        writeln!(
+    writeln!(md, "### Past the limit\n")?;
+    writeln!(
             md,
             "| mode | offered | answered/s | accepted/s | floor | 503 | p50 | p99 all | p99 of 201s | late starts | errors | holds |"
         )?;
-        writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|")?;
-        for row in rows {
-            writeln!(md, "{}", row.line())?;
-        }
-        writeln!(
-            md,
-            "\n## Where the CPU went, per answered request\n\n\
+    writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|")?;
+    for row in rows {
+        writeln!(md, "{}", row.line())?;
+    }
+    writeln!(
+        md,
+        "\n### Where the CPU went, per answered request\n\n\
              From `/proc/<pid>/stat` before and after each step (as in ACCEPT.md): what each \
              process spent, in µs per answer of the step (201s and 503s alike), and how busy \
              the two cores were.\n"
-        )?;
-        let header = CpuSpent::header();
-        writeln!(md, "| mode | offered | {header} |")?;
-        let columns = 2 + header.split(" | ").count();
-        writeln!(md, "|{}", "---|".repeat(columns))?;
-        for row in rows {
-            writeln!(md, "{}", row.cpu_line())?;
-        }
-        for (mode, via, steps) in ladders {
-            let title = format!("The sustained rate, {mode} mode, {via}");
-            crate::report::write_steps(&mut md, &title, steps);
-        }
-        writeln!(md, "\n## Invariants\n")?;
-        writeln!(
-            md,
-            "| measure | result | | | notes |\n|---|---|---|---|---|"
-        )?;
-        for row in &self.table {
-            writeln!(md, "{row}")?;
-        }
-        std::fs::write(self.out.join("OVERLOAD.md"), &md)?;
-        println!("{md}");
-        Ok(())
+    )?;
+    let header = CpuSpent::header();
+    writeln!(md, "| mode | offered | {header} |")?;
+    let columns = 2 + header.split(" | ").count();
+    writeln!(md, "|{}", "---|".repeat(columns))?;
+    for row in rows {
+        writeln!(md, "{}", row.cpu_line())?;
     }
+    for (mode, via, steps) in ladders {
+        let title = format!("The sustained rate, {mode} mode, {via}");
+        crate::report::write_steps_under(&mut md, "###", &title, steps);
+    }
+    Ok(md)
 }

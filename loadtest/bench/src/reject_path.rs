@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use crate::bounds::{self, Asked, PathFound};
 use crate::cpu::CpuSpent;
 use crate::ladder::{best_rate, climb, reserve_plan, Step, FAST_CONNECTIONS, WARM_UP};
 use crate::load;
@@ -23,12 +24,10 @@ use crate::wrk::wrk_rate;
 /// Rounds of wrk against every server, interleaved.
 const WRK_ROUNDS: usize = 3;
 
-/// One server's reject path: its ladder, the CPU each step cost by process, its wrk
-/// rates (one per round; empty without wrk).
+/// One server's reject path: its ladder (each step with the CPU it cost by process), its
+/// wrk rates (one per round; empty without wrk).
 struct Measured {
     steps: Vec<Step>,
-    /// Per step: the CPU of every process of the stack per answer (`CpuSpent::cells`).
-    cpu: Vec<Vec<String>>,
     wrk_rounds: Vec<f64>,
 }
 
@@ -253,6 +252,7 @@ impl Run {
             ratio(at_core.ladder(), ours.ladder())
         ));
         self.table.extend(rows);
+        self.found_reject(&ours, &at_core, find("bare"), find("minimal Pingora"));
         write_steps(
             &mut self.report,
             "Edge reject path ladder (ours)",
@@ -284,6 +284,48 @@ impl Run {
     }
 }
 
+impl Run {
+    /// The reject paths' standing: the edge's is asked for 0.8 of the bare server's rate,
+    /// or, where the minimal Pingora itself stays below that, 0.95 of the minimal
+    /// Pingora's; the sale is asked for 0.8 of the edge's.
+    fn found_reject(
+        &mut self,
+        ours: &Measured,
+        at_core: &Measured,
+        bare: Option<&Measured>,
+        pingora: Option<&Measured>,
+    ) {
+        let asked = match (bare, pingora) {
+            (Some(b), Some(p)) if p.ladder() < 0.8 * b.ladder() => Some(Asked {
+                rate: 0.95 * p.ladder(),
+                what: "0.95 of the minimal Pingora, which stays below 0.8 of the bare server"
+                    .into(),
+            }),
+            (Some(b), _) => Some(Asked {
+                rate: 0.8 * b.ladder(),
+                what: "0.8 of the bare server".into(),
+            }),
+            (None, _) => None,
+        };
+        self.found(PathFound::from_ladder(
+            bounds::EDGE_REJECT,
+            &ours.steps,
+            asked,
+        ));
+        self.found(PathFound::from_ladder(
+            "A core's reject path (the gate's OUT_OF_STOCK)",
+            &at_core.steps,
+            None,
+        ));
+        if let Some(sale) = self.found_mut(bounds::SALE) {
+            sale.asked = Some(Asked {
+                rate: 0.8 * ours.ladder(),
+                what: "0.8 of the edge's reject path".into(),
+            });
+        }
+    }
+}
+
 /// The CPU table of a ladder: every process's CPU per answer, step by step (user plus
 /// system time from `/proc`, before and after the step; the bare server and the minimal
 /// Pingora run as processes of this generator, so only ours are tabled).
@@ -296,7 +338,13 @@ fn write_cpu(report: &mut String, title: &str, m: &Measured) {
         "\n## {title}\n\n| offered/s | answered/s | {header} |\n|{}",
         "---|".repeat(columns)
     );
-    for cells in &m.cpu {
+    for step in &m.steps {
+        let Some(spent) = &step.cpu else { continue };
+        let mut cells = vec![
+            step.rate.to_string(),
+            format!("{:.0}", step.outcome.achieved_rate()),
+        ];
+        cells.extend(spent.cells(step.outcome.completed(), 2.0));
         let _ = writeln!(report, "| {} |", cells.join(" | "));
     }
 }
@@ -324,11 +372,9 @@ async fn measure(
         ))
         .await?;
     }
-    let cpu = std::sync::Mutex::new(Vec::new());
     let steps = climb(rates, |rate| {
-        let (code, cpu) = (code.to_owned(), &cpu);
+        let code = code.to_owned();
         async move {
-            let before = crate::cpu::sample();
             let outcome = load::run(reserve_plan(
                 target,
                 rate,
@@ -338,15 +384,10 @@ async fn measure(
                 FAST_CONNECTIONS,
             ))
             .await?;
-            let spent = CpuSpent::between(&before, &crate::cpu::sample());
-            if let Ok(mut cpu) = cpu.lock() {
-                let mut cells = vec![rate.to_string(), format!("{:.0}", outcome.achieved_rate())];
-                cells.extend(spent.cells(outcome.completed(), 2.0));
-                cpu.push(cells);
-            }
             let note = format!("{} answered 409", outcome.count(|s| s.status == 409));
             Ok(Step {
                 unmet: None,
+                cpu: None,
                 rate,
                 outcome,
                 note,
@@ -354,10 +395,8 @@ async fn measure(
         }
     })
     .await?;
-    let cpu = cpu.into_inner().unwrap_or_default();
     Ok(Measured {
         steps,
-        cpu,
         wrk_rounds: Vec::new(),
     })
 }

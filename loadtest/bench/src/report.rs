@@ -1,5 +1,5 @@
 //! What the runs write: the benchmark's REPORT.md (how it was measured, the summary table,
-//! every ladder), the flash sale's samples as CSV for `loadtest/plot.py`, RATE-LIMITS.md,
+//! every ladder and section, what now limits each path), the flash sale's samples as CSV for `loadtest/plot.py`, RATE-LIMITS.md,
 //! and the REPORT.md of `big-voucher`.
 
 use std::fmt::Write as _;
@@ -10,7 +10,7 @@ use crate::ladder::{Step, FAST_CONNECTIONS, SALE_CONNECTIONS};
 use crate::load::Outcome;
 use crate::probe;
 use crate::run::Run;
-use crate::BigArgs;
+use crate::{bounds, BigArgs};
 
 /// A latency in milliseconds, `-` when there was none.
 pub fn fmt_ms(v: Option<f64>) -> String {
@@ -26,7 +26,12 @@ const STEP_HEADER: &str = "| offered/s | achieved/s | late starts | errors | p50
 
 /// A ladder's table under `title`.
 pub fn write_steps(report: &mut String, title: &str, steps: &[Step]) {
-    let _ = writeln!(report, "\n## {title}\n\n{STEP_HEADER}");
+    write_steps_under(report, "##", title, steps);
+}
+
+/// A ladder's table under `title`, a heading of `level` (`##`, `###`).
+pub fn write_steps_under(report: &mut String, level: &str, title: &str, steps: &[Step]) {
+    let _ = writeln!(report, "\n{level} {title}\n\n{STEP_HEADER}");
     for s in steps {
         let _ = writeln!(report, "{}", s.line());
     }
@@ -74,9 +79,35 @@ pub fn write_report(run: &Run, decision: &str, step: Duration) -> anyhow::Result
     }
     writeln!(md, "\n![latency over time](flash-sale-latency.png)\n\n![issued uses over time](flash-sale-issued.png)\n")?;
     md.push_str(&run.report);
+    bounds::write(&mut md, &run.found);
     std::fs::write(run.out.join("REPORT.md"), &md)?;
     println!("{md}");
     Ok(())
+}
+
+/// ACCEPT.md (flash) or ACCEPT-standard.md: the accepting ladder at a core, `section`,
+/// with how it was run and the invariant check below it.
+pub fn write_accept(run: &Run, mode: &str, section: &str) -> anyhow::Result<()> {
+    let (file, command) = match mode {
+        "standard" => (
+            "ACCEPT-standard.md",
+            "ACCEPT_MODE=standard BENCH_ONLY=accept ./loadtest/bench.sh",
+        ),
+        _ => ("ACCEPT.md", "BENCH_ONLY=accept ./loadtest/bench.sh"),
+    };
+    let title = format!("Where an accepted {mode} reservation's time goes");
+    write_table(run, file, &title, command, section)
+}
+
+/// OVERLOAD.md: the section "Overload", with how it was run and the invariant check.
+pub fn write_overload(run: &Run, section: &str) -> anyhow::Result<()> {
+    write_table(
+        run,
+        "OVERLOAD.md",
+        "Overload: a core and the edge offered more than they take",
+        "BENCH_ONLY=overload ./loadtest/bench.sh",
+        section,
+    )
 }
 
 /// RATE-LIMITS.md: the rows of [`Run::rate_limit_cost`] and [`Run::access_log_cost`]

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use voucher_testkit::invariants::Accepted;
 
+use crate::bounds::PathFound;
 use crate::invariants::remember_accepted;
 use crate::ladder::{reserve_plan, SALE_CONNECTIONS, WARM_UP};
 use crate::load;
@@ -27,6 +28,8 @@ pub struct Run {
     pub table: Vec<String>,
     /// The ladders, below the table.
     pub report: String,
+    /// Every path's standing, for the report's last section (`bounds`).
+    pub found: Vec<PathFound>,
 }
 
 impl Run {
@@ -43,7 +46,20 @@ impl Run {
             accepted: Mutex::new(Vec::new()),
             table: Vec::new(),
             report: String::new(),
+            found: Vec::new(),
         })
+    }
+
+    /// Records `found`, in place of an earlier finding of the same path.
+    pub fn found(&mut self, found: PathFound) {
+        self.found.retain(|f| f.path != found.path);
+        self.found.push(found);
+    }
+
+    /// The finding of `path`, to be completed by a later benchmark (what is asked of the
+    /// sale is known once the reject path is measured).
+    pub fn found_mut(&mut self, path: &str) -> Option<&mut PathFound> {
+        self.found.iter_mut().find(|f| f.path == path)
     }
 
     /// A ladder's warm-up, neither timed nor reported: new reservations of a new voucher
