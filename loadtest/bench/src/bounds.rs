@@ -109,7 +109,7 @@ impl PathFound {
             .into();
         };
         let Some(cost) = cost else {
-            return format!("the step's own condition: {why}");
+            return why.clone();
         };
         let busy = cost.cpu.busy(CORES);
         let us = cost.per_answer_us();
@@ -122,7 +122,7 @@ impl PathFound {
             )
         } else {
             format!(
-                "not the CPU over the step (both cores {:.0}% busy, {us:.0} µs per answer): {why}",
+                "not the CPU averaged over the step (both cores {:.0}% busy, {us:.0} µs per answer): {why}",
                 100.0 * busy
             )
         }
@@ -184,11 +184,17 @@ fn sale_budget(md: &mut String, found: &[PathFound]) {
         return;
     };
     let Some(asked) = &sale.asked else { return };
-    let (Some((_, Some(refusal))), Some((_, Some(accepting)))) =
-        (&reject.sustained, &accept.sustained)
-    else {
+    let Some((_, Some(refusal))) = &reject.sustained else {
         return;
     };
+    // An accept's cost through the edge at its highest sustained step; where none was
+    // sustained, at the step that failed (its answers are still nearly all accepts).
+    let accepting = match (&accept.sustained, &accept.failed) {
+        (Some((_, Some(cost))), _) => (cost, "its highest sustained step"),
+        (_, Some((_, _, Some(cost)))) => (cost, "the step that failed, none being sustained"),
+        _ => return,
+    };
+    let (accepting, which) = accepting;
     let refusal_us = refusal.per_answer_us();
     let accept_us = accepting.per_answer_us();
     let refusing_cores = asked.rate * refusal_us / 1e6;
@@ -213,7 +219,7 @@ fn sale_budget(md: &mut String, found: &[PathFound]) {
     let _ = writeln!(
         md,
         "The {:.2} cores left take the 1,000 accepts, at {accept_us:.0} µs each of all \
-         processes (accepting through the edge at {}/s, its highest sustained step), in at \
+         processes (accepting through the edge at {}/s, {which}), in at \
          least {burst_ms:.0} ms, against a p99 of {SALE_P99_MS:.0} ms for the sale's 201s: \
          the cost of an accept through the edge would have to fall to {:.0} µs ({:.2} of \
          today's) for the last of them to be answered within it, before any queueing.",

@@ -235,7 +235,7 @@ struct BenchArgs {
     #[arg(
         long,
         env = "OVERLOAD_FLASH_RATES",
-        default_value = "4000,6000,8000,10000,12000,14000,16000"
+        default_value = "2000,4000,6000,8000,10000,12000,14000,16000"
     )]
     overload_flash_rates: Rates,
     /// The standard ladder of `overload`.

@@ -285,9 +285,9 @@ impl Run {
 }
 
 impl Run {
-    /// The reject paths' standing: the edge's is asked for 0.8 of the bare server's rate,
-    /// or, where the minimal Pingora itself stays below that, 0.95 of the minimal
-    /// Pingora's; the sale is asked for 0.8 of the edge's.
+    /// The reject paths' standing: the edge's in both measures (the open-model ladder and
+    /// wrk), each asked what [`edge_asked`] says; the sale is asked for 0.8 of the edge's
+    /// ladder.
     fn found_reject(
         &mut self,
         ours: &Measured,
@@ -295,23 +295,32 @@ impl Run {
         bare: Option<&Measured>,
         pingora: Option<&Measured>,
     ) {
-        let asked = match (bare, pingora) {
-            (Some(b), Some(p)) if p.ladder() < 0.8 * b.ladder() => Some(Asked {
-                rate: 0.95 * p.ladder(),
-                what: "0.95 of the minimal Pingora, which stays below 0.8 of the bare server"
-                    .into(),
-            }),
-            (Some(b), _) => Some(Asked {
-                rate: 0.8 * b.ladder(),
-                what: "0.8 of the bare server".into(),
-            }),
-            (None, _) => None,
-        };
+        let ladder = |m: Option<&Measured>| m.map(Measured::ladder);
+        let asked = edge_asked(ladder(bare), ladder(pingora));
         self.found(PathFound::from_ladder(
             bounds::EDGE_REJECT,
             &ours.steps,
             asked,
         ));
+        // The same ask in wrk's closed loop, the second measure.
+        let wrk = |m: Option<&Measured>| m.and_then(Measured::wrk);
+        let wrk_asked = edge_asked(wrk(bare), wrk(pingora));
+        if let Some(edge) = ours.wrk() {
+            let failed = wrk_asked.as_ref().filter(|a| edge < a.rate).map(|a| {
+                (
+                    format!("wrk -t1 -c64 -d5s, median of {WRK_ROUNDS} rounds"),
+                    format!("{edge:.0}/s, under {:.0}/s ({})", a.rate, a.what),
+                    None,
+                )
+            });
+            self.found(PathFound {
+                path: "The edge's reject path, closed loop of 64 connections (wrk)".into(),
+                sustained: Some((edge, None)),
+                failed,
+                asked: wrk_asked,
+                climbs: false,
+            });
+        }
         self.found(PathFound::from_ladder(
             "A core's reject path (the gate's OUT_OF_STOCK)",
             &at_core.steps,
@@ -323,6 +332,23 @@ impl Run {
                 what: "0.8 of the edge's reject path".into(),
             });
         }
+    }
+}
+
+/// What the edge's reject path is asked to reach in one measure, from the bare server's
+/// and the minimal Pingora's rates in it: 0.8 of the bare server's, or, where the minimal
+/// Pingora itself stays below that, 0.95 of the minimal Pingora's.
+fn edge_asked(bare: Option<f64>, pingora: Option<f64>) -> Option<Asked> {
+    match (bare, pingora) {
+        (Some(b), Some(p)) if p < 0.8 * b => Some(Asked {
+            rate: 0.95 * p,
+            what: "0.95 of the minimal Pingora, which stays below 0.8 of the bare server".into(),
+        }),
+        (Some(b), _) => Some(Asked {
+            rate: 0.8 * b,
+            what: "0.8 of the bare server".into(),
+        }),
+        (None, _) => None,
     }
 }
 
