@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark: brings the stack up (release builds), runs voucher-bench against it and
 # writes reports/bench/REPORT.md with its plots: every ladder in one run, and at its end what
-# now limits each path. Takes about 20 minutes.
+# now limits each path. Takes about 10 minutes.
 #   STEP_SECS=3 SALE_RATES=5000,10000,20000 ./loadtest/bench.sh
 #   BENCH_ONLY=rate-limits ./loadtest/bench.sh   # only the edge's rate limits' and access log's cost: RATE-LIMITS.md
 #   BENCH_ONLY=accept ACCEPT_RATES=2000,4000,8000 ./loadtest/bench.sh   # only accepting at a core, CPU per process: ACCEPT.md
