@@ -1,5 +1,5 @@
 //! `voucher-bench accept`: where the time of an accepted reservation goes. The hot
-//! voucher's ladder at one core (the accepting path of benchmark 3), and for every step
+//! voucher's ladder at one core (both modes in the whole benchmark), and for every step
 //! the CPU each process of the stack spent per accepted reservation (`/proc` times, see
 //! [`crate::cpu`]), the writing transactions per use, the consumer's transactions, the
 //! reservations per grouped statement, and the core's own view of its waits (the gate
@@ -9,7 +9,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::bounds::{Asked, Cost, PathFound};
+use crate::bounds::{accepting_path, Asked, Cost, PathFound};
 use crate::cpu::{self, CpuSpent};
 use crate::invariants::remember_accepted;
 use crate::ladder::{reserve_plan, SALE_CONNECTIONS};
@@ -26,7 +26,7 @@ pub(crate) struct Alone {
     pub postgres_us_per_use: f64,
 }
 
-/// What the issue asks of accepting on one hot voucher at a core, in either mode.
+/// The rate asked of accepting on one hot voucher at a core, in either mode.
 const ASKED_ACCEPTS: f64 = 10_000.0;
 
 /// The standing of `mode`'s accepting path at a core: what is asked of it is 10,000/s,
@@ -58,10 +58,7 @@ fn found(mode: &str, steps: &[AcceptStep], alone: &[Alone]) -> PathFound {
         "at most one transaction per 10 uses".to_owned()
     };
     PathFound {
-        path: format!(
-            "{} accepting, one hot voucher, at a core",
-            capitalised(mode)
-        ),
+        path: accepting_path(mode, "at a core"),
         sustained,
         failed,
         asked: Some(Asked {
@@ -78,10 +75,7 @@ impl Run {
     /// `flash.decision`, to name what a flash use waits for.
     pub fn hot_voucher_row(&mut self, decision: &str) {
         let rate = |mode: &str| {
-            let path = format!(
-                "{} accepting, one hot voucher, at a core",
-                capitalised(mode)
-            );
+            let path = accepting_path(mode, "at a core");
             self.found
                 .iter()
                 .find(|f| f.path == path)
@@ -98,14 +92,6 @@ impl Run {
             }
         ));
     }
-}
-
-/// `flash` as `Flash`.
-pub(crate) fn capitalised(word: &str) -> String {
-    let mut chars = word.chars();
-    chars
-        .next()
-        .map_or(String::new(), |c| c.to_uppercase().chain(chars).collect())
 }
 
 /// Batch sizes and writers of the decision measured alone.

@@ -11,10 +11,20 @@ use std::fmt::Write as _;
 use crate::cpu::CpuSpent;
 use crate::ladder::{best, Step};
 
-/// The paths the sale's budget is worked out from.
+/// The paths the sale's budget is worked out from (with the flash accepting path through
+/// the edge, [`accepting_path`]).
 pub const SALE: &str = "Flash sale, 1,000 uses, through the edge";
 pub const EDGE_REJECT: &str = "The edge's reject path (sold-out flag)";
-pub const FLASH_THROUGH_EDGE: &str = "Flash accepting, one hot voucher, through the edge";
+
+/// The name of the accepting path on one hot voucher of `mode`, `via` the edge or "at a
+/// core": the accepting bench and the overload bench record it, the report looks it up.
+pub fn accepting_path(mode: &str, via: &str) -> String {
+    let mut letters = mode.chars();
+    let mode: String = letters
+        .next()
+        .map_or(String::new(), |c| c.to_uppercase().chain(letters).collect());
+    format!("{mode} accepting, one hot voucher, {via}")
+}
 
 /// The machine's cores (the reports' CPU shares are of these).
 const CORES: f64 = 2.0;
@@ -178,8 +188,9 @@ pub fn write(md: &mut String, found: &[PathFound]) {
 /// cost measured through the edge then take.
 fn sale_budget(md: &mut String, found: &[PathFound]) {
     let find = |path: &str| found.iter().find(|f| f.path == path);
+    let through_edge = accepting_path("flash", "through the edge");
     let (Some(sale), Some(reject), Some(accept)) =
-        (find(SALE), find(EDGE_REJECT), find(FLASH_THROUGH_EDGE))
+        (find(SALE), find(EDGE_REJECT), find(&through_edge))
     else {
         return;
     };

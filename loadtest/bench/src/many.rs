@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::cpu::{self, CpuSpent};
+use crate::cpu::CpuSpent;
 use crate::invariants::remember_accepted;
 use crate::ladder::{best, climb, Step, SALE_CONNECTIONS};
 use crate::load::{self, Outcome, Plan, Sample};
@@ -39,13 +39,10 @@ struct Voucher {
     at_core: u64,
 }
 
-/// One step's vouchers and the CPU it took.
+/// One step's vouchers.
 struct StepDetail {
     rate: u64,
     vouchers: Vec<Voucher>,
-    spent: CpuSpent,
-    /// Answered requests.
-    requests: u64,
 }
 
 /// What `many` is asked to run.
@@ -70,16 +67,9 @@ impl Run {
         let steps = {
             let (run, details) = (&*self, &details);
             climb(plan.rates, |rate| async move {
-                let before = cpu::sample();
                 let (step, vouchers) = run.many_step(plan, rate).await?;
-                let spent = CpuSpent::between(&before, &cpu::sample());
                 if let Ok(mut d) = details.lock() {
-                    d.push(StepDetail {
-                        rate,
-                        vouchers,
-                        spent,
-                        requests: step.outcome.completed(),
-                    });
+                    d.push(StepDetail { rate, vouchers });
                 }
                 Ok(step)
             })
@@ -109,12 +99,14 @@ impl Run {
             "\n### CPU per request by process, each step\n\nUser plus system time of every process of each kind (`/proc/<pid>/stat`, summed over the three cores, both edges, the six Redis nodes, both PostgreSQL servers), from before the step's vouchers are made to after their rows are counted, over the step's answered requests; `machine busy` is all of it over that time on 2 cores.\n\n| offered/s | requests | {} |\n|---|---|---|---|---|---|---|---|---|---|\n",
             CpuSpent::header()
         ));
-        for d in &details {
+        for step in &steps {
+            let Some(spent) = &step.cpu else { continue };
+            let requests = step.outcome.completed();
             self.report.push_str(&format!(
                 "| {} | {} | {} |\n",
-                d.rate,
-                d.requests,
-                d.spent.cells(d.requests, 2.0).join(" | ")
+                step.rate,
+                requests,
+                spent.cells(requests, 2.0).join(" | ")
             ));
         }
         for StepDetail { rate, vouchers, .. } in &details {

@@ -14,8 +14,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::accept::capitalised;
-use crate::bounds::{Asked, Cost, PathFound};
+use crate::bounds::{accepting_path, Asked, Cost, PathFound};
 use crate::cpu::{self, CpuSpent};
 use crate::invariants::remember_accepted;
 use crate::ladder::{best, climb, reserve_plan, Step, SALE_CONNECTIONS, WARM_UP};
@@ -211,10 +210,7 @@ impl Run {
         }
         for (mode, via, steps) in &ladders {
             if *via == "through the edge" {
-                let path = format!(
-                    "{} accepting, one hot voucher, through the edge",
-                    capitalised(mode)
-                );
+                let path = accepting_path(mode, via);
                 self.found(PathFound::from_ladder(&path, steps, None));
             }
         }
