@@ -36,7 +36,7 @@ pub mod recorder;
 mod reserve;
 mod settle;
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -186,8 +186,9 @@ struct Inner {
     /// After a gate is lost, a reservation that passed it just before may still be
     /// publishing for this long: the rebuild waits it out.
     message_timeout: Duration,
-    /// Vouchers whose gate this instance is rebuilding (one rebuild each at a time).
-    rebuilding: Mutex<HashSet<VoucherCode>>,
+    /// Vouchers whose gate this instance is rebuilding or healing (one job each at a
+    /// time), each with whether a rebuild was asked for while it ran (it follows).
+    rebuilding: Mutex<HashMap<VoucherCode, bool>>,
 }
 
 impl FlashPath {
@@ -219,7 +220,7 @@ impl FlashPath {
                 metrics,
                 settings,
                 message_timeout: kafka.message_timeout,
-                rebuilding: Mutex::new(HashSet::new()),
+                rebuilding: Mutex::new(HashMap::new()),
             }),
         })
     }

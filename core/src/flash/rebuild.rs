@@ -38,8 +38,12 @@ impl Rebuild {
 
 impl FlashPath {
     /// Starts a rebuild of the voucher's gate unless this instance is already at it.
+    /// One asked for while a job of the voucher runs follows that job if the gate is still
+    /// closed then: a reload that unloads the gate as a rebuild is finishing (it found the
+    /// gate loaded, or opened it just before the unload) would otherwise leave it unloaded
+    /// until the next reservation.
     pub fn trigger_rebuild(&self, voucher: Arc<Voucher>) {
-        if !self.start_job(&voucher.code) {
+        if !self.start_job(&voucher.code, true) {
             return;
         }
         let this = self.clone();
@@ -57,7 +61,7 @@ impl FlashPath {
                     tracing::warn!(code = %voucher.code, error = %e.chain(), "gate rebuild failed")
                 }
             }
-            this.end_job(&voucher.code);
+            this.finish_job(voucher).await;
         });
     }
 
@@ -68,7 +72,7 @@ impl FlashPath {
     /// gate is handed the voucher's latest generation then, without a rebuild: nothing is
     /// loaded, and every use this gate decided is in it. One at a time per voucher.
     pub fn heal_stranded(&self, voucher: Arc<Voucher>, refused: Generation) {
-        if !self.start_job(&voucher.code) {
+        if !self.start_job(&voucher.code, false) {
             return;
         }
         let this = self.clone();
@@ -88,7 +92,7 @@ impl FlashPath {
                     tracing::warn!(code = %voucher.code, error = %e.chain(), "stranded gate check failed")
                 }
             }
-            this.end_job(&voucher.code);
+            this.finish_job(voucher).await;
         });
     }
 
@@ -103,21 +107,48 @@ impl FlashPath {
         self.inner.gate.raise_generation(voucher, latest).await
     }
 
-    /// Marks a rebuild or heal of `code` under way in this instance; `false` if one is.
-    fn start_job(&self, code: &crate::domain::VoucherCode) -> bool {
-        self.inner
+    /// Marks a rebuild or heal of `code` under way in this instance; `false` if one is,
+    /// and then, if `rebuild_after`, a rebuild is to follow it ([`Self::end_job`]).
+    fn start_job(&self, code: &crate::domain::VoucherCode, rebuild_after: bool) -> bool {
+        let mut jobs = self
+            .inner
             .rebuilding
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(code.clone())
+            .unwrap_or_else(|e| e.into_inner());
+        match jobs.get_mut(code) {
+            Some(again) => {
+                *again |= rebuild_after;
+                false
+            }
+            None => {
+                jobs.insert(code.clone(), false);
+                true
+            }
+        }
     }
 
-    fn end_job(&self, code: &crate::domain::VoucherCode) {
+    /// Ends the job of `voucher` and starts the rebuild asked for while it ran, if the gate
+    /// is still not open: a rebuild of an open gate would only bump its generation, and
+    /// refuse as stale the uses it decides until it takes the new one on.
+    async fn finish_job(&self, voucher: Arc<Voucher>) {
+        if !self.end_job(&voucher.code) {
+            return;
+        }
+        match self.inner.gate.remaining(&voucher.code).await {
+            Ok(Some(_)) => {}
+            // Closed, or Redis not answering (the rebuild then says why in its log).
+            Ok(None) | Err(_) => self.trigger_rebuild(voucher),
+        }
+    }
+
+    /// Ends the job of `code`: `true` if a rebuild was asked for while it ran.
+    fn end_job(&self, code: &crate::domain::VoucherCode) -> bool {
         self.inner
             .rebuilding
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(code);
+            .remove(code)
+            .unwrap_or(false)
     }
 
     /// Rebuilds the gate: with the broker deciding, wait out publishes in flight and the

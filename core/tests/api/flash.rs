@@ -1273,3 +1273,55 @@ async fn unsettled_orders_of_the_reads_own_millisecond_are_no_drift() {
     .expect("rows moved back");
     env.finish(&sale.accepted()).await;
 }
+
+/// An operator's reloads sent close together leave the gate loaded, with nobody reserving
+/// to trigger a rebuild. A reload unloads the gate and starts a rebuild unless one is under
+/// way; one that unloaded it as the running rebuild was finishing (after that rebuild found
+/// it open, or opened it) used to leave it closed until the next reservation, which the
+/// fuzz run's invariant check caught as "gate not loaded". Now a rebuild asked for while
+/// one runs follows it if the gate is still closed then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reloads_close_together_leave_the_gate_loaded() {
+    use voucher_testkit::helpers::ADMIN_TOKEN;
+
+    let env = FlashStack::builder()
+        .start_with(|s| s.flash.decision = Decision::Database)
+        .await;
+    let app = env.app();
+    app.given_voucher(flash_voucher("RELOADS", 10, 1)).await;
+    let first = Sale::new("RELOADS", "before", 3).run(app).await;
+    assert_eq!(first.created(), 3);
+    let code = VoucherCode::parse("RELOADS").expect("code");
+    let reload = || {
+        let request = app
+            .api
+            .client
+            .post(format!("{}/vouchers/RELOADS/gate/reload", app.api.base))
+            .bearer_auth(ADMIN_TOKEN);
+        async move { request.send().await.expect("answered").status() }
+    };
+    let loaded = || {
+        eventually(Duration::from_secs(5), "the gate loaded again", || {
+            let (gate, code) = (env.gate.clone(), code.clone());
+            async move { gate.remaining(&code).await.expect("redis answers") }
+        })
+    };
+    // A second reload 0 to 24 ms after the first: some of them land while the first one's
+    // rebuild is loading or has just opened the gate.
+    let mut remaining = 0;
+    for delay in 0..25u64 {
+        assert!(reload().await.is_success(), "first reload, {delay} ms");
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        assert!(reload().await.is_success(), "second reload, {delay} ms");
+        remaining = loaded().await;
+    }
+    assert_eq!(
+        remaining, 7,
+        "the three uses taken before are in the reloaded gate"
+    );
+
+    let rest = Sale::new("RELOADS", "after", 10).run(app).await;
+    assert_eq!(rest.created(), 7, "the rest sells out exactly");
+    env.finish(&[first.accepted(), rest.accepted()].concat())
+        .await;
+}
