@@ -9,6 +9,9 @@ use voucher_core::startup::{shutdown_signal, Application};
 /// `_int_free`, `malloc_consolidate`, ...) had 21% of the core's samples. Built without
 /// transparent huge pages (`no_thp` in the workspace's `Cargo.toml`): its arenas asked the
 /// kernel for 2 MiB pages, and the core was 33 MiB resident at rest instead of 20.
+/// The feature `system-allocator` leaves it out, for heap profilers that see only malloc
+/// (`loadtest/heap-core.sh`).
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

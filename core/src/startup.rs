@@ -1,6 +1,5 @@
 //! Building and running the application: what `main` does, and what tests do on port 0.
 
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -190,15 +189,13 @@ impl Application {
             jobs.spawn(&mut background, &shutdown);
         }
         let mut metrics = tokio::task::JoinSet::new();
-        metrics.spawn(
-            axum::serve(self.metrics_listener, self.metrics_router)
-                .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-                .into_future(),
-        );
+        metrics.spawn(http::serve(
+            self.metrics_listener,
+            self.metrics_router,
+            shutdown.clone(),
+        ));
         tracing::info!(addr = %self.api_listener.local_addr()?, "serving the API");
-        axum::serve(self.api_listener, self.router)
-            .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-            .await?;
+        http::serve(self.api_listener, self.router, shutdown.clone()).await?;
         shutdown.cancel();
         while background.join_next().await.is_some() {}
         if let Some(served) = metrics.join_next().await {

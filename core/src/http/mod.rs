@@ -11,6 +11,7 @@ mod ledger;
 mod lifecycle;
 pub mod openapi;
 pub mod reservations;
+mod serve;
 mod timestamps;
 mod vouchers;
 
@@ -34,6 +35,7 @@ use std::sync::atomic::AtomicBool;
 use crate::metrics::{self, Metrics};
 use crate::service::VoucherService;
 use crate::Error;
+pub use serve::serve;
 use voucher_contract::request::RequestIds;
 
 /// What every handler can reach, behind one `Arc`: axum clones the state for every
@@ -193,10 +195,10 @@ pub fn api_router(
 }
 
 /// Middleware: the one place a failed request is logged, with the error's whole cause
-/// chain (errors carry their cause up to here instead of logging on the way).
+/// chain (errors carry their cause up to here instead of logging on the way). The line
+/// carries the request's id, method and path from the request's span (`access`), whose
+/// path is cut to the length access lines keep.
 pub async fn log_failures(request: Request, next: Next) -> Response {
-    // Cheap clones (a small enum, a shared buffer): no allocation for the requests that succeed.
-    let (method, uri) = (request.method().clone(), request.uri().clone());
     let response = next.run(request).await;
     if let Some(error) = response.extensions().get::<Arc<Error>>() {
         let status = response.status();
@@ -205,9 +207,9 @@ pub async fn log_failures(request: Request, next: Next) -> Response {
         if status.is_server_error() && !matches!(**error, Error::Overloaded) {
             let chain = error.chain();
             if status == axum::http::StatusCode::SERVICE_UNAVAILABLE {
-                tracing::warn!(%method, path = uri.path(), code = error.code(), error = %chain, "request failed");
+                tracing::warn!(code = error.code(), error = %chain, "request failed");
             } else {
-                tracing::error!(%method, path = uri.path(), code = error.code(), error = %chain, "request failed");
+                tracing::error!(code = error.code(), error = %chain, "request failed");
             }
         }
     }

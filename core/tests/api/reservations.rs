@@ -45,6 +45,50 @@ async fn reserve_returns_201_with_discount_and_expiry() {
     env.finish(&[Accepted::new("V", "c1", "o1")]).await;
 }
 
+/// A client that hangs up as soon as it has sent its reservation does not cut the request
+/// short: the core finishes it, so the use is held, and the client's retry gets that
+/// reservation back as a replay instead of a second use.
+#[tokio::test]
+async fn a_client_that_hangs_up_after_sending_still_gets_its_reservation_on_retry() {
+    use tokio::io::AsyncWriteExt;
+    use voucher_testkit::wait::eventually;
+
+    let env = TestEnv::start().await;
+    env.app.given_voucher(voucher_body("HUP", 10, 1)).await;
+    let body = json!({"customerId": "c1", "orderId": "hup-1", "orderAmount": 250_000}).to_string();
+    let mut stream = tokio::net::TcpStream::connect(env.app.address())
+        .await
+        .expect("connected");
+    let request = format!(
+        "POST /vouchers/HUP/reservations HTTP/1.1\r\nHost: core\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.expect("sent");
+    drop(stream);
+
+    eventually(
+        std::time::Duration::from_secs(5),
+        "the abandoned request's use",
+        || async {
+            let voucher = env.app.voucher_json("HUP").await;
+            (voucher["usedCount"].as_i64() == Some(1)).then_some(())
+        },
+    )
+    .await;
+    let retry = env.app.reserve("HUP", "c1", "hup-1", 250_000).await;
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(
+        retry
+            .headers()
+            .get("idempotent-replayed")
+            .and_then(|v| v.to_str().ok()),
+        Some("true")
+    );
+    assert_eq!(env.app.voucher_json("HUP").await["usedCount"], 1);
+    env.finish(&[Accepted::new("HUP", "c1", "hup-1")]).await;
+}
+
 #[tokio::test]
 async fn discount_never_exceeds_the_order() {
     let env = TestEnv::start().await;
