@@ -51,7 +51,12 @@ pub async fn serve(
                 let stream = match accepted {
                     Ok((stream, _)) => stream,
                     Err(e) => {
-                        accept_failed(e).await;
+                        if worth_a_rest(&e) {
+                            tokio::select! {
+                                () = tokio::time::sleep(ACCEPT_REST) => {}
+                                () = shutdown.cancelled() => break,
+                            }
+                        }
                         continue;
                     }
                 };
@@ -84,17 +89,21 @@ pub async fn serve(
     Ok(())
 }
 
+/// How long the listener rests after a failed `accept` that is not one connection's own.
+const ACCEPT_REST: Duration = Duration::from_secs(1);
+
 /// A failed `accept`: a connection that died in the backlog is nobody's problem; anything
-/// else (out of file descriptors) is logged and the listener rests a second, as hyper's
-/// and axum's servers do, instead of spinning on the same error.
-async fn accept_failed(e: std::io::Error) {
+/// else (out of file descriptors) is logged and the listener rests [`ACCEPT_REST`] (cut
+/// short by a shutdown), as hyper's and axum's servers do, instead of spinning on the same
+/// error.
+fn worth_a_rest(e: &std::io::Error) -> bool {
     use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
     if matches!(
         e.kind(),
         ConnectionAborted | ConnectionRefused | ConnectionReset
     ) {
-        return;
+        return false;
     }
     tracing::error!(error = %e, "cannot accept a connection");
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    true
 }
