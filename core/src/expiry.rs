@@ -22,12 +22,17 @@ pub struct ExpiryJob {
 impl ExpiryJob {
     /// Runs until `shutdown` is cancelled.
     pub async fn run(self, shutdown: CancellationToken) {
-        crate::periodic::every(self.interval, &shutdown, || self.run_once()).await;
+        crate::periodic::every(self.interval, &shutdown, || self.run_once(&shutdown)).await;
     }
 
-    /// Releases everything due now, one batch (one transaction) at a time.
-    pub async fn run_once(&self) {
-        loop {
+    /// Releases everything due now, one batch (one transaction) at a time, and stops after
+    /// the batch it is on when `shutdown` is cancelled: a backlog of expired reservations
+    /// (a sale's unpaid orders) took a core's shutdown past its 10 s deadline otherwise,
+    /// batch after batch while everything else had stopped (seen: 89 batches of 500 in a
+    /// core's log from start to that deadline). Another instance, or this one's next start,
+    /// releases the rest.
+    async fn run_once(&self, shutdown: &CancellationToken) {
+        while !shutdown.is_cancelled() {
             match self.service.store().release_expired(None, self.batch).await {
                 Ok(released) => {
                     self.service.after_expiry(&released).await;

@@ -143,3 +143,69 @@ async fn reservations_not_yet_due_are_left_alone() {
     assert_eq!(env.app.voucher_json("EXP").await["usedCount"], 1);
     env.finish(&accepted(&held)).await;
 }
+
+/// A core stopped while it works through a backlog of expired reservations stops after the
+/// batch it is on, not after the backlog (which once took a core's shutdown past its
+/// deadline); another instance releases the rest, each reservation once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_core_stopped_during_an_expiry_backlog_stops_after_its_batch() {
+    let db = TestDb::create().await;
+    let mut settings = settings_for(&db.url);
+    settings.reservations.ttl = Duration::from_secs(1);
+    settings.reservations.expiry_enabled = false;
+    let holder = TestApp::start(&settings).await;
+    holder.given_voucher(voucher_body("BACKLOG", 300, 1)).await;
+    let attempts = (0..300)
+        .map(|i| (format!("c{i}"), format!("o{i}")))
+        .collect();
+    let held = reserve_concurrently(&holder, "BACKLOG", attempts).await;
+    assert_eq!(count(&held, StatusCode::CREATED, ""), 300);
+    let pool = PgPoolOptions::new().connect(&db.url).await.expect("pool");
+    // The whole backlog due before the job starts: every batch then finds one to release.
+    eventually(Duration::from_secs(10), "every reservation due", || async {
+        let not_due: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM redemptions WHERE status = 'RESERVED' AND expires_at > now()",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+        (not_due == 0).then_some(())
+    })
+    .await;
+
+    // One reservation per batch: the backlog is 300 transactions.
+    settings.reservations.expiry_enabled = true;
+    settings.reservations.expiry_interval = Duration::from_millis(20);
+    settings.reservations.expiry_batch = 1;
+    let stopped = TestApp::start(&settings).await;
+    eventually(
+        Duration::from_secs(30),
+        "the first expired release",
+        || async { (expired_releases(&stopped).await >= 1.0).then_some(()) },
+    )
+    .await;
+    stopped.stop().await;
+    let left = holder.voucher_json("BACKLOG").await["usedCount"]
+        .as_i64()
+        .expect("usedCount");
+    assert!(
+        left > 0,
+        "the stopped core released the whole backlog before it stopped"
+    );
+
+    let next = TestApp::start(&settings).await;
+    eventually(Duration::from_secs(60), "the rest given back", || async {
+        (holder.voucher_json("BACKLOG").await["usedCount"].as_i64() == Some(0)).then_some(())
+    })
+    .await;
+    assert_eq!(expired_releases(&next).await, left as f64);
+
+    let report = invariants::check(&pool, &accepted(&held))
+        .await
+        .expect("check runs");
+    assert!(report.holds(), "{:#?}", report.violations);
+    holder.stop().await;
+    next.stop().await;
+    pool.close().await;
+    db.drop_db().await;
+}
