@@ -77,7 +77,7 @@ run() {
     /^voucher_admission_refused_total/ { r = $2 }
     END { printf "%d %d", a, r }')
   kill -TERM "$pid"
-  wait "$launcher" 2>/dev/null
+  wait "$launcher" 2>/dev/null || true
   echo "$rest $peak $counts"
 }
 
