@@ -13,7 +13,6 @@ cd "$ROOT"
 CONNS=${CONNS:-1000}
 SECS=${SECS:-6}
 OUT=${OUT:-reports/heap}
-TOKEN=${VOUCHER__ADMIN__TOKEN:-dev-admin-token}
 PORT=18083
 WORK="$RUN_DIR/heap"
 mkdir -p "$WORK" "$OUT"
@@ -36,21 +35,6 @@ cargo build --release -p voucher-core --features system-allocator
 cp "$TARGET_DIR"/release/voucher-core "$WORK/voucher-core-system-allocator"
 cargo build --release -p voucher-core
 
-# wrk's threads number their customers apart, so that every request is a new reservation.
-cat >"$WORK/reserve.lua" <<'LUA'
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-local threads = 0
-function setup(thread) threads = threads + 1; thread:set("tid", threads) end
-function init(args) code = args[1] end
-counter = 0
-request = function()
-  counter = counter + 1
-  return wrk.format(nil, "/vouchers/" .. code .. "/reservations", nil,
-    '{"customerId":"h' .. tid .. '-' .. counter .. '","orderId":"' .. code .. '-h' .. tid .. '-' .. counter .. '","orderAmount":250000}')
-end
-LUA
-
 # run NAME COMMAND...: a core started by COMMAND on $PORT, a voucher of its own, the load;
 # prints "rest_mib peak_mib accepted refused" and leaves wrk's output in $WORK/NAME.wrk.
 run() {
@@ -58,18 +42,16 @@ run() {
   env VOUCHER_CONFIG=config/core.toml VOUCHER__HTTP__LISTEN=127.0.0.1:$PORT \
     VOUCHER__HTTP__METRICS_LISTEN=127.0.0.1:19183 VOUCHER__LOG__ACCESS=false \
     "$@" >"$WORK/$name.log" 2>&1 &
-  local launcher=$! pid code start end
+  local launcher=$! pid code
   wait_for_port 127.0.0.1 $PORT 60
   pid=$(ss -ltnpH "sport = :$PORT" | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2)
   code="HEAP$(date +%s%N | tail -c 9)"
-  start=$(date -u -d '-1 min' +%FT%TZ); end=$(date -u -d '+1 day' +%FT%TZ)
-  curl -sf -o /dev/null -X POST "localhost:$PORT/vouchers" -H "authorization: Bearer $TOKEN" \
-    -H 'content-type: application/json' \
-    -d "{\"code\":\"$code\",\"discountAmount\":100000,\"minOrderAmount\":0,\"totalLimit\":100000000,\"perUserLimit\":1,\"startsAt\":\"$start\",\"endsAt\":\"$end\",\"mode\":\"flash\"}"
+  demo_voucher "http://127.0.0.1:$PORT" "$code" 100000000 >/dev/null
+  wrk_reserve_script "$code" "$WORK/reserve.lua"
   sleep 2
   local rest
   rest=$(awk '/^VmRSS/ { printf "%.1f", $2 / 1024 }' "/proc/$pid/status")
-  wrk -t2 -c"$CONNS" -d"${SECS}s" -s "$WORK/reserve.lua" "http://127.0.0.1:$PORT" -- "$code" >"$WORK/$name.wrk"
+  wrk -t2 -c"$CONNS" -d"${SECS}s" -s "$WORK/reserve.lua" "http://127.0.0.1:$PORT" >"$WORK/$name.wrk"
   local peak counts
   peak=$(awk '/^VmHWM/ { printf "%.1f", $2 / 1024 }' "/proc/$pid/status")
   counts=$(curl -s localhost:19183/metrics | awk '

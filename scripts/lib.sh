@@ -22,29 +22,33 @@ wait_for_port() {
 }
 
 # wrk_reserve_script CODE FILE: a wrk script posting a new reservation of voucher CODE per
-# request (its own customer and orderId each), for the reject path's closed-loop runs.
+# request (its own customer and orderId each, wrk's threads numbered apart), for the
+# closed-loop runs.
 wrk_reserve_script() {
   local code=$1 file=$2
   cat >"$file" <<LUA
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
+local threads = 0
+function setup(thread) threads = threads + 1; thread:set("tid", threads) end
 counter = 0
 request = function()
   counter = counter + 1
   return wrk.format(nil, "/vouchers/$code/reservations", nil,
-    '{"customerId":"w' .. counter .. '","orderId":"$code-w' .. counter .. '","orderAmount":250000}')
+    '{"customerId":"w' .. tid .. '-' .. counter .. '","orderId":"$code-w' .. tid .. '-' .. counter .. '","orderAmount":250000}')
 end
 LUA
 }
 
-# demo_voucher CORE_URL CODE: a flash voucher of 100 uses, 1 per customer, live for a day,
-# created through the core's admin API (the demo sales of up.sh and up-scaled.sh).
+# demo_voucher CORE_URL CODE [USES]: a flash voucher of USES (100) uses, 1 per customer,
+# live for a day, created through the core's admin API (the demo sales of up.sh and
+# up-scaled.sh; heap-core.sh's voucher that never sells out).
 demo_voucher() {
-  local core=$1 code=$2 token=${VOUCHER__ADMIN__TOKEN:-dev-admin-token} now end
+  local core=$1 code=$2 uses=${3:-100} token=${VOUCHER__ADMIN__TOKEN:-dev-admin-token} now end
   now=$(date -u +%FT%TZ); end=$(date -u -d '+1 day' +%FT%TZ)
-  log "creating flash voucher $code: 100 uses, 1 per customer"
+  log "creating flash voucher $code: $uses uses, 1 per customer"
   curl -fsS -X POST "$core/vouchers" -H "Authorization: Bearer $token" -H 'Content-Type: application/json' \
-    -d "{\"code\":\"$code\",\"discountAmount\":100000,\"minOrderAmount\":0,\"totalLimit\":100,\"perUserLimit\":1,\"startsAt\":\"$now\",\"endsAt\":\"$end\",\"mode\":\"flash\"}"
+    -d "{\"code\":\"$code\",\"discountAmount\":100000,\"minOrderAmount\":0,\"totalLimit\":$uses,\"perUserLimit\":1,\"startsAt\":\"$now\",\"endsAt\":\"$end\",\"mode\":\"flash\"}"
   echo
 }
 

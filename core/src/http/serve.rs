@@ -14,10 +14,11 @@
 //!   first 8 KiB the request's own head still shares, so every busy connection held a
 //!   second 8 KiB buffer (16 KiB of read buffer per busy connection, 15.6 MiB). With
 //!   `half_close` hyper reads nothing more until the answer is written, and the next
-//!   request reuses the buffer. A client that hangs up is then noticed when its answer is
-//!   written, so its handler always runs to its end: no client's hang-up leaves a
-//!   reservation between the gate and the ledger (a dying process still can; the
-//!   reconciliation is for that).
+//!   request reuses the buffer. A client that hangs up once its request is read is then
+//!   noticed when its answer is written, so its handler runs to its end: no client's
+//!   hang-up leaves a reservation between the gate and the ledger (a dying process still
+//!   can; the reconciliation is for that). One that hangs up while its body is still
+//!   being read fails before the handler has done anything.
 //!
 //! HTTP/2 is not served: neither the edge nor any client here speaks it to a core.
 
