@@ -3,11 +3,8 @@
 //! Each application instance has its own registry, so several instances in one test
 //! process do not mix their counts.
 
-use std::time::Instant;
-
-use axum::extract::{MatchedPath, Request, State};
+use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
@@ -481,21 +478,17 @@ impl Default for Metrics {
     }
 }
 
-/// Middleware: counts and times every request by its route *template*, never the raw path
-/// (raw paths carry codes and order ids, which would make the label set unbounded).
-pub async fn track(
-    State(metrics): State<std::sync::Arc<Metrics>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let started = Instant::now();
-    let method = method_label(request.method());
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "unmatched".to_owned());
-    let response = next.run(request).await;
+/// Counts and times one answered request by its route *template*, never the raw path (raw
+/// paths carry codes and order ids, which would make the label set unbounded). Called by
+/// the API's one middleware (`http::access`) with the route it matched.
+pub fn count_request(
+    metrics: &Metrics,
+    method: &axum::http::Method,
+    route: &str,
+    response: &Response,
+    elapsed: std::time::Duration,
+) {
+    let method = method_label(method);
     let error = response.extensions().get::<std::sync::Arc<Error>>();
     let code = error.map_or("OK", |e| e.code());
     if let Some(Error::Unavailable { dependency, cause }) = error.map(|e| &**e) {
@@ -511,13 +504,12 @@ pub async fn track(
     }
     metrics
         .http_requests
-        .with_label_values(&[method, &route, response.status().as_str(), code])
+        .with_label_values(&[method, route, response.status().as_str(), code])
         .inc();
     metrics
         .http_duration
-        .with_label_values(&[method, &route])
-        .observe(started.elapsed().as_secs_f64());
-    response
+        .with_label_values(&[method, route])
+        .observe(elapsed.as_secs_f64());
 }
 
 /// The method as a label from a closed set: a client can send any token as a method, and

@@ -1,11 +1,10 @@
 //! Extractors whose rejections speak the API's error format instead of axum's plain text.
 
-use axum::body::Bytes;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, IF_MATCH};
 use axum::http::request::Parts;
-use axum::http::StatusCode;
+use http_body_util::{BodyExt, LengthLimitError};
 use serde::de::DeserializeOwned;
 
 use voucher_contract::headers::REQUEST_ID;
@@ -21,6 +20,9 @@ use crate::Error;
 /// (400 INVALID_REQUEST naming the field).
 pub struct ApiJson<T>(pub T);
 
+/// axum's default body limit, for a request that reaches the extractor without one set.
+const DEFAULT_BODY_LIMIT: usize = 2 * 1024 * 1024;
+
 impl<S, T> FromRequest<S> for ApiJson<T>
 where
     S: Send + Sync,
@@ -28,7 +30,7 @@ where
 {
     type Rejection = Error;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+    async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {
         let is_json = req
             .headers()
             .get(CONTENT_TYPE)
@@ -37,22 +39,26 @@ where
         if !is_json {
             return Err(Error::UnsupportedMediaType);
         }
+        // The API's middleware leaves the limit in force here; without it (a router built
+        // without the middleware) axum's own default applies.
         let limit = req
             .extensions()
             .get::<BodyLimit>()
-            .map_or(usize::MAX, |l| l.0);
-        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                Error::PayloadTooLarge { limit }
-            } else {
-                Error::MalformedJson("the body could not be read".into())
+            .map_or(DEFAULT_BODY_LIMIT, |l| l.0);
+        let body = http_body_util::Limited::new(req.into_body(), limit);
+        let bytes = match body.collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+                return Err(Error::PayloadTooLarge { limit })
             }
-        })?;
+            Err(_) => return Err(Error::MalformedJson("the body could not be read".into())),
+        };
         parse_json(&bytes).map(ApiJson)
     }
 }
 
-/// The body limit in force, left in the request extensions so a 413 can say it.
+/// The body limit in force, left in the request extensions by the API's middleware: the
+/// JSON extractor reads no more than it, and a 413 says it.
 #[derive(Debug, Clone, Copy)]
 pub struct BodyLimit(pub usize);
 

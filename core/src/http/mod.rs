@@ -17,12 +17,10 @@ mod vouchers;
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::header::CONTENT_TYPE;
-use axum::middleware::Next;
 use axum::response::Response;
 use axum::routing::get;
-use axum::{middleware, Extension, Router};
+use axum::{middleware, Router};
 use serde::Serialize;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::OpenApi as OpenApiDoc;
@@ -170,6 +168,8 @@ pub fn api_router(
     let access = access::Access {
         log: access_log,
         ids: Arc::new(RequestIds::new(uuid::Uuid::new_v4().as_u64_pair().0)),
+        metrics,
+        body_limit: extract::BodyLimit(max_body_bytes),
     };
     let served_doc = bytes::Bytes::from(
         serde_json::to_vec(&openapi::complete(&doc)).unwrap_or_else(|_| b"{}".to_vec()),
@@ -184,36 +184,31 @@ pub fn api_router(
         )
         .fallback(|| async { Error::RouteNotFound })
         .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })
-        .layer(DefaultBodyLimit::max(max_body_bytes))
-        .layer(Extension(extract::BodyLimit(max_body_bytes)))
-        .layer(middleware::from_fn_with_state(metrics, metrics::track))
-        .layer(middleware::from_fn(log_failures))
         .layer(middleware::from_fn(move |request, next| {
             access::track(access.clone(), request, next)
         }));
     (router, doc)
 }
 
-/// Middleware: the one place a failed request is logged, with the error's whole cause
-/// chain (errors carry their cause up to here instead of logging on the way).
-pub async fn log_failures(request: Request, next: Next) -> Response {
-    // Cheap clones (a small enum, a shared buffer): no allocation for the requests that succeed.
-    let (method, uri) = (request.method().clone(), request.uri().clone());
-    let response = next.run(request).await;
-    if let Some(error) = response.extensions().get::<Arc<Error>>() {
-        let status = response.status();
-        // Refused at the admission limit: counted (voucher_admission_refused_total), not
-        // logged, or an overload would also be a flood of log lines.
-        if status.is_server_error() && !matches!(**error, Error::Overloaded) {
-            let chain = error.chain();
-            if status == axum::http::StatusCode::SERVICE_UNAVAILABLE {
-                tracing::warn!(%method, path = uri.path(), code = error.code(), error = %chain, "request failed");
-            } else {
-                tracing::error!(%method, path = uri.path(), code = error.code(), error = %chain, "request failed");
-            }
+/// The one place a failed request is logged, with the error's whole cause chain (errors
+/// carry their cause up to here instead of logging on the way); called by the API's
+/// middleware (`access::track`) for every answer. Method and path are fields of the line
+/// itself: with a log filter at `warn`, the request's span, which carries them, is off.
+fn log_failure(method: &axum::http::Method, path: &str, response: &Response) {
+    let Some(error) = response.extensions().get::<Arc<Error>>() else {
+        return;
+    };
+    let status = response.status();
+    // Refused at the admission limit: counted (voucher_admission_refused_total), not
+    // logged, or an overload would also be a flood of log lines.
+    if status.is_server_error() && !matches!(**error, Error::Overloaded) {
+        let chain = error.chain();
+        if status == axum::http::StatusCode::SERVICE_UNAVAILABLE {
+            tracing::warn!(%method, path, code = error.code(), error = %chain, "request failed");
+        } else {
+            tracing::error!(%method, path, code = error.code(), error = %chain, "request failed");
         }
     }
-    response
 }
 
 /// The router of the metrics listener.
