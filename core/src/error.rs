@@ -2,7 +2,7 @@
 //!
 //! Every variant knows its status and its stable `error` code (the codes are the wire
 //! contract's, shared with the edge). Errors keep their cause as their `source`; they are
-//! logged once, with that chain, by the HTTP layer ([`crate::http::log_failure`]) or by the
+//! logged once, with that chain, by the HTTP layer (`http::log_failure`) or by the
 //! background job that met them, never where they are made. Bodies of 5xx answers say
 //! nothing about internals.
 

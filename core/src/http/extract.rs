@@ -58,7 +58,9 @@ where
 }
 
 /// The body limit in force, left in the request extensions by the API's middleware: the
-/// JSON extractor reads no more than it, and a 413 says it.
+/// JSON extractor reads no more than it, and a 413 says it. Only [`ApiJson`] enforces it
+/// (the router has no `DefaultBodyLimit`): a handler that took axum's own body extractors
+/// would get axum's default of 2 MiB instead.
 #[derive(Debug, Clone, Copy)]
 pub struct BodyLimit(pub usize);
 
