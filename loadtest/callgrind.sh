@@ -47,9 +47,11 @@ rm -f "$OUT"/callgrind.*
 run_id="cg$(date +%s)"
 db="vt_$run_id"
 ensure_database "$db"
+# The run's database and its gates in Redis (under its own key prefix) go with it.
 cleanup() {
   stop_bg callgrind-core
   psql -h 127.0.0.1 -U postgres -qc "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null 2>&1 || true
+  redis-cli --scan --pattern "$run_id:*" | xargs -r -n 100 redis-cli unlink >/dev/null || true
 }
 trap cleanup EXIT
 
