@@ -27,10 +27,9 @@ use crate::metrics::{self, Metrics};
 /// What the middleware needs: whether each request gets an access log line (at `info`,
 /// target `access`), the ids of requests that came without one, the metrics it counts
 /// requests in and the body limit the JSON extractor enforces.
-#[derive(Clone)]
 pub struct Access {
     pub log: bool,
-    pub ids: Arc<RequestIds>,
+    pub ids: RequestIds,
     pub metrics: Arc<Metrics>,
     pub body_limit: BodyLimit,
 }
@@ -38,7 +37,7 @@ pub struct Access {
 /// Middleware: takes the request's id (the edge's, or a client's valid one) or makes one,
 /// runs the request in a span that carries it, counts and times it, logs it if it failed,
 /// echoes the id on the answer and writes the access log line.
-pub async fn track(access: Access, mut request: Request, next: Next) -> Response {
+pub async fn track(access: Arc<Access>, mut request: Request, next: Next) -> Response {
     let started = Instant::now();
     let id = match request.headers().get(REQUEST_ID) {
         Some(value) if valid_request_id(value.as_bytes()) => value.clone(),

@@ -10,7 +10,7 @@ use voucher_core::store::Store;
 
 use crate::helpers::{settings_for, voucher_body, TestApp, TestDb, TestEnv};
 use crate::invariants::{self, Accepted};
-use crate::sale::{accepted, count, reserve_concurrently};
+use crate::sale::{accepted, count, reserve_concurrently, Attempt};
 use voucher_testkit::wait::eventually;
 
 /// `voucher_expired_releases_total` of an app.
@@ -18,6 +18,16 @@ async fn expired_releases(app: &TestApp) -> f64 {
     app.metrics()
         .await
         .sum("voucher_expired_releases_total", &[])
+}
+
+/// A voucher `code` of `n` uses, 1 per customer, every use held at once by a customer and
+/// order of its own (`c{i}`, `o{i}`), each a 201.
+async fn hold_every_use(app: &TestApp, code: &str, n: usize) -> Vec<Attempt> {
+    app.given_voucher(voucher_body(code, n as i64, 1)).await;
+    let attempts = (0..n).map(|i| (format!("c{i}"), format!("o{i}"))).collect();
+    let held = reserve_concurrently(app, code, attempts).await;
+    assert_eq!(count(&held, StatusCode::CREATED, ""), n);
+    held
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -31,12 +41,7 @@ async fn two_instances_running_the_job_release_each_expired_reservation_once() {
     settings.reservations.expiry_batch = 7; // several batches, so the workers interleave
     let a = TestApp::start(&settings).await;
     let b = TestApp::start(&settings).await;
-    a.given_voucher(voucher_body("EXP", 40, 1)).await;
-    let attempts = (0..40)
-        .map(|i| (format!("c{i}"), format!("o{i}")))
-        .collect();
-    let held = reserve_concurrently(&a, "EXP", attempts).await;
-    assert_eq!(count(&held, StatusCode::CREATED, ""), 40);
+    let held = hold_every_use(&a, "EXP", 40).await;
 
     // Act: wait (bounded) until the jobs have given every use back.
     eventually(Duration::from_secs(60), "every use given back", || async {
@@ -80,15 +85,7 @@ async fn two_instances_running_the_job_release_each_expired_reservation_once() {
 async fn concurrent_expiry_batches_partition_the_due_rows() {
     // Deterministic: no waiting for a clock; the job is asked about a moment past the TTL.
     let env = TestEnv::start().await;
-    env.app.given_voucher(voucher_body("EXP", 60, 1)).await;
-    let held = reserve_concurrently(
-        &env.app,
-        "EXP",
-        (0..60)
-            .map(|i| (format!("c{i}"), format!("o{i}")))
-            .collect(),
-    )
-    .await;
+    let held = hold_every_use(&env.app, "EXP", 60).await;
     env.app.confirm("EXP", "o0").await;
     env.app.release("EXP", "o1").await;
     let store = Store::new(env.pool.clone());
@@ -154,12 +151,7 @@ async fn a_core_stopped_during_an_expiry_backlog_stops_after_its_batch() {
     settings.reservations.ttl = Duration::from_secs(1);
     settings.reservations.expiry_enabled = false;
     let holder = TestApp::start(&settings).await;
-    holder.given_voucher(voucher_body("BACKLOG", 300, 1)).await;
-    let attempts = (0..300)
-        .map(|i| (format!("c{i}"), format!("o{i}")))
-        .collect();
-    let held = reserve_concurrently(&holder, "BACKLOG", attempts).await;
-    assert_eq!(count(&held, StatusCode::CREATED, ""), 300);
+    let held = hold_every_use(&holder, "BACKLOG", 300).await;
     let pool = PgPoolOptions::new().connect(&db.url).await.expect("pool");
     // The whole backlog due before the job starts: every batch then finds one to release.
     eventually(Duration::from_secs(10), "every reservation due", || async {
