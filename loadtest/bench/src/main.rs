@@ -296,7 +296,7 @@ pub struct SoakArgs {
     #[arg(long, env = "SOAK_SECS", default_value_t = 600)]
     pub secs: u64,
     /// Requests per second of every sale; unset, half the highest rate the sale ladder
-    /// (SALE_RATES) sustains in a first pass.
+    /// (SALE_RATES) sustains in a first pass. The warm-up's sales run at twice it.
     #[arg(long, env = "SOAK_RATE")]
     pub rate: Option<u64>,
     /// Seconds of load per sale.
@@ -346,8 +346,8 @@ async fn main() -> anyhow::Result<()> {
         Some(Command::Soak(args)) => {
             let step = Duration::from_secs(cli.bench.step_secs);
             let mut run = Run::connect(args.out.clone(), &cli.stack).await?;
-            let (rate, rate_source) = match args.rate {
-                Some(rate) => (rate, "SOAK_RATE".to_owned()),
+            let (rate, rate_source, warm_rate) = match args.rate {
+                Some(rate) => (rate, "SOAK_RATE".to_owned(), rate * 2),
                 None => {
                     let sustained = run.flash_sale(&cli.bench.sale_rates.0, step).await?;
                     let Some(sustained) = sustained else {
@@ -356,6 +356,7 @@ async fn main() -> anyhow::Result<()> {
                     (
                         sustained / 2,
                         format!("half of {sustained}/s, the highest step the sale ladder sustained first in this run"),
+                        sustained,
                     )
                 }
             };
@@ -364,6 +365,7 @@ async fn main() -> anyhow::Result<()> {
                 rate,
                 rate_source,
                 sale: Duration::from_secs(args.sale_secs),
+                warm_rate,
             };
             run.soak(&plan).await?;
             run.invariants().await?;

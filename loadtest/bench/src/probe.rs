@@ -187,13 +187,23 @@ impl Stack {
         Ok(voucher_testkit::metrics::Metrics::parse(&text))
     }
 
+    /// A counter at each core (in the order of `core_metrics`), for the samples carrying
+    /// every label of `labels`.
+    pub async fn counter_per_core(
+        &self,
+        name: &str,
+        labels: &[(&str, &str)],
+    ) -> anyhow::Result<Vec<f64>> {
+        let mut per_core = Vec::with_capacity(self.core_metrics.len());
+        for m in &self.core_metrics {
+            per_core.push(self.scrape(m).await?.sum(name, labels));
+        }
+        Ok(per_core)
+    }
+
     /// Sum of a counter over the cores, for the samples carrying every label of `labels`.
     pub async fn core_counter(&self, name: &str, labels: &[(&str, &str)]) -> anyhow::Result<f64> {
-        let mut total = 0.0;
-        for m in &self.core_metrics {
-            total += self.scrape(m).await?.sum(name, labels);
-        }
-        Ok(total)
+        Ok(self.counter_per_core(name, labels).await?.iter().sum())
     }
 
     /// The edge's counters of what it did with a sale's requests around the sell-out.

@@ -2,6 +2,7 @@
 //! minutes by default) at half the sale's sustained rate, the resident memory of the edge
 //! and of both cores sampled every few seconds; SOAK.md says whether it grew from minute 2
 //! to the end (the limit is 5%), with the curve beside it (`soak-rss.csv`, `soak-rss.png`).
+//! Before the clock starts, a warm-up gives every core a sale at the full rate.
 //!
 //! Memory that only a long run shows (a cache without a bound, a map keyed by voucher or
 //! connection that is never pruned, an allocator that keeps what it freed) grows here sale
@@ -55,6 +56,20 @@ pub struct SoakPlan {
     pub rate_source: String,
     /// How long each sale's load lasts (it sells out early in it; the rest is rejects).
     pub sale: Duration,
+    /// Requests per second of the warm-up's sales (the rate the soak's is half of).
+    pub warm_rate: u64,
+}
+
+/// At most this many warm-up sales: each has even odds of going to either of two cores, so
+/// both have one after 8 with a probability of 1 - 2/2^8.
+const WARM_SALES: usize = 8;
+
+/// The warm-up before the soak's clock starts: sales at the full rate until every core has
+/// answered one's 201s.
+struct Warm {
+    sales: Vec<Sale>,
+    /// 201s each core answered over the warm-up (in the order of the cores' metrics).
+    accepted_per_core: Vec<f64>,
 }
 
 impl Run {
@@ -65,6 +80,7 @@ impl Run {
             plan.rate,
             plan.duration.as_secs()
         );
+        let warm = self.warm_cores(plan).await?;
         let readings = Arc::new(Mutex::new(Vec::new()));
         let start = Instant::now();
         let sampler = {
@@ -87,32 +103,17 @@ impl Run {
         let mut n = 0;
         while start.elapsed() + plan.sale <= plan.duration {
             n += 1;
-            let code = format!("K{}N{n}", self.run_id);
-            self.stack.create_voucher(&code, 1000, "flash").await?;
             let started = start.elapsed();
-            let outcome = load::run(reserve_plan(
-                self.edge,
-                plan.rate,
-                plan.sale,
-                &code,
-                "k",
-                SALE_CONNECTIONS,
-            ))
-            .await?;
-            remember_accepted(&self.accepted, &code, "k", &outcome);
-            let issued = outcome.count(|s| s.status == 201);
-            let (rows, _) = self.stack.wait_recorded(&code, issued as i64).await?;
-            sales.push(Sale {
-                started,
-                issued,
-                rows,
-                offered: outcome.offered,
-                p99_accepted: outcome.percentile(99.0, |s| s.status == 201),
-                p99_rejected: outcome.percentile(99.0, |s| s.status == 409),
-                late: outcome.late,
-                errors: outcome.errors(),
-            });
-            eprintln!("  sale {n}: issued {issued}, rows {rows}");
+            let sale = self
+                .one_sale(
+                    &format!("K{}N{n}", self.run_id),
+                    plan.rate,
+                    plan.sale,
+                    started,
+                )
+                .await?;
+            eprintln!("  sale {n}: issued {}, rows {}", sale.issued, sale.rows);
+            sales.push(sale);
         }
         // One last reading at the end, whatever the interval's phase.
         tokio::time::sleep(SAMPLE_EVERY).await;
@@ -121,12 +122,83 @@ impl Run {
             .lock()
             .map(|mut r| std::mem::take(&mut *r))
             .unwrap_or_default();
-        self.report_soak(plan, &sales, &readings)
+        self.report_soak(plan, &warm, &sales, &readings)
+    }
+
+    /// A voucher's sale goes to one core (the edge's ring), so half-rate sales can leave a
+    /// core below the working set the full rate gives it until late in the soak, and its
+    /// first peak then reads as growth (core 2 in the run of 2026-12-07 02:58: +5.4%, its
+    /// level rising to core 1's, which the ladder had warmed, and no further under more
+    /// load). Before the clock starts, sales at the full rate, one after another, until
+    /// every core has answered 201s of one; they are checked like the soak's.
+    async fn warm_cores(&mut self, plan: &SoakPlan) -> anyhow::Result<Warm> {
+        const ACCEPTED: (&str, &[(&str, &str)]) = ("http_requests_total", &[("status", "201")]);
+        let before = self.stack.counter_per_core(ACCEPTED.0, ACCEPTED.1).await?;
+        let mut warm = Warm {
+            sales: Vec::new(),
+            accepted_per_core: vec![0.0; before.len()],
+        };
+        for n in 1..=WARM_SALES {
+            let sale = self
+                .one_sale(
+                    &format!("K{}W{n}", self.run_id),
+                    plan.warm_rate,
+                    plan.sale,
+                    Duration::ZERO,
+                )
+                .await?;
+            eprintln!(
+                "  warm-up sale {n}: issued {}, rows {}",
+                sale.issued, sale.rows
+            );
+            warm.sales.push(sale);
+            let now = self.stack.counter_per_core(ACCEPTED.0, ACCEPTED.1).await?;
+            warm.accepted_per_core = now.iter().zip(&before).map(|(a, b)| a - b).collect();
+            if warm.accepted_per_core.iter().all(|&a| a > 0.0) {
+                break;
+            }
+        }
+        Ok(warm)
+    }
+
+    /// One 1,000-use flash sale through the edge at `rate` for `length`, its accepted
+    /// reservations remembered for the invariants and its rows waited for.
+    async fn one_sale(
+        &mut self,
+        code: &str,
+        rate: u64,
+        length: Duration,
+        started: Duration,
+    ) -> anyhow::Result<Sale> {
+        self.stack.create_voucher(code, 1000, "flash").await?;
+        let outcome = load::run(reserve_plan(
+            self.edge,
+            rate,
+            length,
+            code,
+            "k",
+            SALE_CONNECTIONS,
+        ))
+        .await?;
+        remember_accepted(&self.accepted, code, "k", &outcome);
+        let issued = outcome.count(|s| s.status == 201);
+        let (rows, _) = self.stack.wait_recorded(code, issued as i64).await?;
+        Ok(Sale {
+            started,
+            issued,
+            rows,
+            offered: outcome.offered,
+            p99_accepted: outcome.percentile(99.0, |s| s.status == 201),
+            p99_rejected: outcome.percentile(99.0, |s| s.status == 409),
+            late: outcome.late,
+            errors: outcome.errors(),
+        })
     }
 
     fn report_soak(
         &mut self,
         plan: &SoakPlan,
+        warm: &Warm,
         sales: &[Sale],
         readings: &[Reading],
     ) -> anyhow::Result<()> {
@@ -182,6 +254,32 @@ impl Run {
             sales.iter().map(|s| s.errors).sum::<u64>(),
         ));
 
+        let warm_exact = warm
+            .sales
+            .iter()
+            .filter(|s| s.issued == 1000 && s.rows == 1000)
+            .count();
+        let every_core = warm.accepted_per_core.iter().all(|&a| a > 0.0);
+        self.table.push(format!(
+            "| Warm-up before minute 0 | {} sales at {}/s, {} of them exactly 1,000; 201s per core: {} | every core warmed | {} | worst p99 of a sale: accepted {}, rejected {}; errors {} |",
+            warm.sales.len(),
+            plan.warm_rate,
+            warm_exact,
+            warm.accepted_per_core
+                .iter()
+                .map(|a| format!("{a:.0}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            match (every_core, warm_exact == warm.sales.len()) {
+                (true, true) => "holds",
+                (false, _) => "a core not warmed",
+                (_, false) => "broken",
+            },
+            fmt_ms(warm.sales.iter().filter_map(|s| s.p99_accepted).reduce(f64::max)),
+            fmt_ms(warm.sales.iter().filter_map(|s| s.p99_rejected).reduce(f64::max)),
+            warm.sales.iter().map(|s| s.errors).sum::<u64>(),
+        ));
+
         let mut md = String::new();
         let _ = writeln!(
             md,
@@ -208,12 +306,14 @@ impl Run {
             );
         }
         self.report = format!(
-            "\n## The soak\n\n- {} s of sales of {} s each at {}/s ({}), {} connections, a new 1,000-use flash voucher per sale, one after another\n{}{md}",
+            "\n## The soak\n\n- {} s of sales of {} s each at {}/s ({}), {} connections, a new 1,000-use flash voucher per sale, one after another\n- before its clock starts, a warm-up: sales of {} s at {}/s, one after another, until every core has answered 201s of one (a voucher's sale goes to one core, so half-rate sales alone can leave a core below the working set the full rate gives it until late in the soak), at most {WARM_SALES}; no reading is taken during it\n{}{md}",
             plan.duration.as_secs(),
             plan.sale.as_secs(),
             plan.rate,
             plan.rate_source,
             SALE_CONNECTIONS,
+            plan.sale.as_secs(),
+            plan.warm_rate,
             std::mem::take(&mut self.report)
         );
         Ok(())
