@@ -65,10 +65,10 @@ pub struct SoakPlan {
 const WARM_SALES: usize = 8;
 
 /// The warm-up before the soak's clock starts: sales at the full rate until every core has
-/// answered one's 201s.
+/// accepted one's reservations.
 struct Warm {
     sales: Vec<Sale>,
-    /// 201s each core answered over the warm-up (in the order of the cores' metrics).
+    /// Reservations each core accepted over the warm-up (in the order of the cores' metrics).
     accepted_per_core: Vec<f64>,
 }
 
@@ -130,9 +130,13 @@ impl Run {
     /// first peak then reads as growth (core 2 in the run of 2026-12-07 02:58: +5.4%, its
     /// level rising to core 1's, which the ladder had warmed, and no further under more
     /// load). Before the clock starts, sales at the full rate, one after another, until
-    /// every core has answered 201s of one; they are checked like the soak's.
+    /// every core has accepted reservations of one; they are checked like the soak's.
     async fn warm_cores(&mut self, plan: &SoakPlan) -> anyhow::Result<Warm> {
-        const ACCEPTED: (&str, &[(&str, &str)]) = ("http_requests_total", &[("status", "201")]);
+        // Reservations only: the voucher's creation is a 201 too, at whichever core.
+        const ACCEPTED: (&str, &[(&str, &str)]) = (
+            "voucher_reservations_total",
+            &[("mode", "flash"), ("outcome", "reserved")],
+        );
         let before = self.stack.counter_per_core(ACCEPTED.0, ACCEPTED.1).await?;
         let mut warm = Warm {
             sales: Vec::new(),
@@ -261,7 +265,7 @@ impl Run {
             .count();
         let every_core = warm.accepted_per_core.iter().all(|&a| a > 0.0);
         self.table.push(format!(
-            "| Warm-up before minute 0 | {} sales at {}/s, {} of them exactly 1,000; 201s per core: {} | every core warmed | {} | worst p99 of a sale: accepted {}, rejected {}; errors {} |",
+            "| Warm-up before minute 0 | {} sales at {}/s, {} of them exactly 1,000; reservations accepted per core: {} | every core warmed | {} | worst p99 of a sale: accepted {}, rejected {}; errors {} |",
             warm.sales.len(),
             plan.warm_rate,
             warm_exact,
@@ -306,7 +310,7 @@ impl Run {
             );
         }
         self.report = format!(
-            "\n## The soak\n\n- {} s of sales of {} s each at {}/s ({}), {} connections, a new 1,000-use flash voucher per sale, one after another\n- before its clock starts, a warm-up: sales of {} s at {}/s, one after another, until every core has answered 201s of one (a voucher's sale goes to one core, so half-rate sales alone can leave a core below the working set the full rate gives it until late in the soak), at most {WARM_SALES}; no reading is taken during it\n{}{md}",
+            "\n## The soak\n\n- {} s of sales of {} s each at {}/s ({}), {} connections, a new 1,000-use flash voucher per sale, one after another\n- before its clock starts, a warm-up: sales of {} s at {}/s, one after another, until every core has accepted reservations of one (a voucher's sale goes to one core, so half-rate sales alone can leave a core below the working set the full rate gives it until late in the soak), at most {WARM_SALES}; no reading is taken during it\n{}{md}",
             plan.duration.as_secs(),
             plan.sale.as_secs(),
             plan.rate,
