@@ -92,3 +92,56 @@ async fn the_invariant_checker_catches_a_drifted_counter() {
         .expect("repair");
     env.finish(&[]).await;
 }
+
+#[tokio::test]
+async fn a_row_cannot_name_an_unknown_voucher_nor_a_voucher_with_rows_go_in_sql() {
+    // The foreign keys to vouchers cost a query per inserted row of a grouped write
+    // (reports/bench/ACCEPT-foreign-keys.md); whatever replaces them must refuse this.
+    let env = TestEnv::start().await;
+    env.app.given_voucher(voucher_body("HELD", 3, 1)).await;
+    env.app.reserve("HELD", "c1", "o1", 100_000).await;
+
+    let unknown_row = violated_constraint(
+        &env.pool,
+        "INSERT INTO redemptions (voucher_code, customer_id, order_id, order_amount, discount_amount, expires_at)
+         VALUES ('HELD', 'c2', 'o2', 100000, 100000, now()), ('NOPE', 'c3', 'o3', 100000, 100000, now())",
+    )
+    .await;
+    let moved_row = violated_constraint(
+        &env.pool,
+        "UPDATE redemptions SET voucher_code = 'NOPE' WHERE order_id = 'o1'",
+    )
+    .await;
+    let unknown_usage = violated_constraint(
+        &env.pool,
+        "INSERT INTO customer_usage (voucher_code, customer_id, active_count, per_user_limit)
+         VALUES ('NOPE', 'c9', 1, 1)",
+    )
+    .await;
+    let held_deleted =
+        violated_constraint(&env.pool, "DELETE FROM vouchers WHERE code = 'HELD'").await;
+
+    assert_eq!(unknown_row.as_deref(), Some("redemptions_voucher_fkey"));
+    assert_eq!(moved_row.as_deref(), Some("redemptions_voucher_fkey"));
+    assert_eq!(
+        unknown_usage.as_deref(),
+        Some("customer_usage_voucher_fkey")
+    );
+    // Its rows, its customer's count and its audit trail all name it: any of their keys
+    // may be the first to refuse.
+    assert!(
+        held_deleted
+            .as_deref()
+            .is_some_and(|c| c.ends_with("_voucher_fkey")),
+        "{held_deleted:?}"
+    );
+    // Nothing of the refused statements stayed: the voucher still holds its one row.
+    let rows: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM redemptions WHERE voucher_code = 'HELD'")
+            .fetch_one(&env.pool)
+            .await
+            .expect("count");
+    assert_eq!(rows, 1);
+    env.finish(&[crate::invariants::Accepted::new("HELD", "c1", "o1")])
+        .await;
+}
