@@ -132,7 +132,8 @@ impl Run {
     /// load). Before the clock starts, sales at the full rate, one after another, until
     /// every core has accepted reservations of one; they are checked like the soak's.
     async fn warm_cores(&mut self, plan: &SoakPlan) -> anyhow::Result<Warm> {
-        // Reservations only: the voucher's creation is a 201 too, at whichever core.
+        // Accepted reservations, not 201s: a voucher's creation is a 201 too, at whichever
+        // core.
         const ACCEPTED: (&str, &[(&str, &str)]) = (
             "voucher_reservations_total",
             &[("mode", "flash"), ("outcome", "reserved")],
