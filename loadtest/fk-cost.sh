@@ -19,6 +19,8 @@
 #             missing one (a check per statement, not per row)
 #   none      no check at all (the floor)
 set -euo pipefail
+# measure runs in $(...): without this a failure inside it would not stop the script.
+shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ensure_postgres
@@ -30,7 +32,8 @@ DB=fkcost_$(date +%Y%m%d%H%M%S)
 WORK=$(mktemp -d)
 P=(psql -h 127.0.0.1 -U postgres -d "$DB" -qAt -v ON_ERROR_STOP=1)
 cleanup() {
-  psql -h 127.0.0.1 -U postgres -qc "DROP DATABASE IF EXISTS \"$DB\" WITH (FORCE)" >/dev/null 2>&1 || true
+  psql -h 127.0.0.1 -U postgres -qc "DROP DATABASE IF EXISTS \"$DB\" WITH (FORCE)" >/dev/null ||
+    echo "fk-cost: could not drop database $DB; drop it by hand" >&2
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -128,10 +131,24 @@ for k in range(n):
 PY
 }
 
-# measure SCHEMA BATCH: backend CPU µs per use over USES uses, after 5 untimed statements.
+# await WORD SESSION: until the session has printed WORD; fails if the session ended first
+# (psql stops at its first error).
+await() {
+  until grep -q "^$1\$" "$WORK/out"; do
+    if ! kill -0 "$2" 2>/dev/null; then
+      cat "$WORK/out" >&2
+      echo "fk-cost: the psql session ended before '$1'" >&2
+      return 1
+    fi
+    sleep 0.05
+  done
+}
+
+# measure SCHEMA BATCH: backend CPU µs per use over about USES uses (whole batches), after 5
+# untimed statements.
 measure() {
   local schema=$1 batch=$2 n=$((USES / $2)) tag
-  tag=$1$RANDOM$RANDOM
+  tag=$schema$RANDOM$RANDOM
   statements "$n" "$batch" "$tag" >"$WORK/timed.sql"
   rm -f "$WORK/fifo" "$WORK/out"
   mkfifo "$WORK/fifo"
@@ -141,18 +158,18 @@ measure() {
   echo "SELECT 'pid', pg_backend_pid();" >&3
   statements 5 "$batch" "w$tag" prepare >&3
   echo "SELECT 'warm';" >&3
-  until grep -q '^warm$' "$WORK/out"; do sleep 0.05; done
+  await warm "$session"
   local pid t0 t1
   pid=$(grep '^pid|' "$WORK/out" | cut -d'|' -f2)
+  [[ -n $pid ]] || { echo "fk-cost: no backend pid" >&2; return 1; }
   t0=$(awk '{print $14 + $15}' "/proc/$pid/stat")
   cat "$WORK/timed.sql" >&3
   echo "SELECT 'done';" >&3
-  until grep -q '^done$' "$WORK/out"; do sleep 0.05; done
+  await done "$session"
   t1=$(awk '{print $14 + $15}' "/proc/$pid/stat")
   exec 3>&-
   wait "$session"
-  if grep -q ERROR "$WORK/out"; then grep ERROR "$WORK/out" >&2; exit 1; fi
-  echo $(((t1 - t0) * 1000000 / $(getconf CLK_TCK) / USES))
+  echo $(((t1 - t0) * 1000000 / $(getconf CLK_TCK) / (n * batch)))
 }
 
 median() { tr ' ' '\n' | sort -n | awk '{a[NR]=$1} END {print a[int((NR + 1) / 2)]}'; }

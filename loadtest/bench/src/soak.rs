@@ -70,6 +70,9 @@ struct Warm {
     sales: Vec<Sale>,
     /// Reservations each core accepted over the warm-up (in the order of the cores' metrics).
     accepted_per_core: Vec<f64>,
+    /// Why the cores' counters could not be read, if they could not: the warm-up then ends
+    /// there and the soak goes on, its report saying so.
+    unread: Option<String>,
 }
 
 impl Run {
@@ -138,11 +141,19 @@ impl Run {
             "voucher_reservations_total",
             &[("mode", "flash"), ("outcome", "reserved")],
         );
-        let before = self.stack.counter_per_core(ACCEPTED.0, ACCEPTED.1).await?;
         let mut warm = Warm {
             sales: Vec::new(),
-            accepted_per_core: vec![0.0; before.len()],
+            accepted_per_core: Vec::new(),
+            unread: None,
         };
+        let before = match self.stack.counter_per_core(ACCEPTED.0, ACCEPTED.1).await {
+            Ok(before) => before,
+            Err(e) => {
+                warm.unread = Some(format!("{e:#}"));
+                return Ok(warm);
+            }
+        };
+        warm.accepted_per_core = vec![0.0; before.len()];
         for n in 1..=WARM_SALES {
             let sale = self
                 .one_sale(
@@ -157,7 +168,13 @@ impl Run {
                 sale.issued, sale.rows
             );
             warm.sales.push(sale);
-            let now = self.stack.counter_per_core(ACCEPTED.0, ACCEPTED.1).await?;
+            let now = match self.stack.counter_per_core(ACCEPTED.0, ACCEPTED.1).await {
+                Ok(now) => now,
+                Err(e) => {
+                    warm.unread = Some(format!("{e:#}"));
+                    break;
+                }
+            };
             warm.accepted_per_core = now.iter().zip(&before).map(|(a, b)| a - b).collect();
             if warm.accepted_per_core.iter().all(|&a| a > 0.0) {
                 break;
@@ -264,19 +281,24 @@ impl Run {
             .iter()
             .filter(|s| s.issued == 1000 && s.rows == 1000)
             .count();
-        let every_core = warm.accepted_per_core.iter().all(|&a| a > 0.0);
+        let every_core = warm.unread.is_none() && warm.accepted_per_core.iter().all(|&a| a > 0.0);
         self.table.push(format!(
             "| Warm-up before minute 0 | {} sales at {}/s, {} of them exactly 1,000; reservations accepted per core: {} | every core warmed | {} | worst p99 of a sale: accepted {}, rejected {}; errors {} |",
             warm.sales.len(),
             plan.warm_rate,
             warm_exact,
-            warm.accepted_per_core
-                .iter()
-                .map(|a| format!("{a:.0}"))
-                .collect::<Vec<_>>()
-                .join(", "),
+            match &warm.unread {
+                Some(why) => format!("not read ({why})"),
+                None => warm
+                    .accepted_per_core
+                    .iter()
+                    .map(|a| format!("{a:.0}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            },
             match (every_core, warm_exact == warm.sales.len()) {
                 (true, true) => "holds",
+                (false, _) if warm.unread.is_some() => "not known",
                 (false, _) => "a core not warmed",
                 (_, false) => "broken",
             },
