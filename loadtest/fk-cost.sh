@@ -38,7 +38,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-psql -h 127.0.0.1 -U postgres -qc "CREATE DATABASE \"$DB\""
+ensure_database "$DB"
 for m in migrations/*.sql; do "${P[@]}" -f "$m" >/dev/null; done
 "${P[@]}" -c "INSERT INTO vouchers (code, discount_amount, total_limit, per_user_limit, starts_at, ends_at, mode)
               VALUES ('FKX', 100000, 100000000, 1, now() - interval '1 day', now() + interval '30 days', 'flash')"

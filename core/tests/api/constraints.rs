@@ -5,7 +5,12 @@ use sqlx::PgPool;
 use crate::helpers::{voucher_body, TestEnv};
 
 async fn violated_constraint(pool: &PgPool, sql: &str) -> Option<String> {
-    match sqlx::query(sql).execute(pool).await {
+    refused_by(sqlx::query(sql).execute(pool).await)
+}
+
+/// The constraint a statement's error names (`None` if it ran).
+fn refused_by(result: Result<sqlx::postgres::PgQueryResult, sqlx::Error>) -> Option<String> {
+    match result {
         Ok(_) => None,
         Err(sqlx::Error::Database(e)) => e.constraint().map(str::to_owned),
         Err(e) => panic!("unexpected error: {e}"),
@@ -132,14 +137,11 @@ async fn a_row_cannot_name_an_unknown_voucher_nor_a_voucher_with_rows_go_in_sql(
                         .expect("delete");
                 }
             }
-            let refused = match sqlx::query("DELETE FROM vouchers WHERE code = 'HELD'")
-                .execute(&mut *tx)
-                .await
-            {
-                Ok(_) => None,
-                Err(sqlx::Error::Database(e)) => e.constraint().map(str::to_owned),
-                Err(e) => panic!("unexpected error: {e}"),
-            };
+            let refused = refused_by(
+                sqlx::query("DELETE FROM vouchers WHERE code = 'HELD'")
+                    .execute(&mut *tx)
+                    .await,
+            );
             tx.rollback().await.expect("rollback");
             refused
         }

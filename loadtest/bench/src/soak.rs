@@ -238,10 +238,7 @@ impl Run {
         let from = plan.duration / 5;
         let first = readings.iter().find(|r| r.at >= from);
         let last = readings.last();
-        let exact = sales
-            .iter()
-            .filter(|s| s.issued == 1000 && s.rows == 1000)
-            .count();
+        let sales_exact = exact(sales);
         for (k, (name, _)) in PROCESSES.iter().enumerate() {
             let (a, b) = (first.and_then(|r| r.rss[k]), last.and_then(|r| r.rss[k]));
             let growth = a.zip(b).map(|(a, b)| (b - a) / a);
@@ -258,30 +255,20 @@ impl Run {
                 }
             ));
         }
-        let worst = |f: fn(&Sale) -> Option<f64>| {
-            sales
-                .iter()
-                .filter_map(f)
-                .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))
-        };
         self.table.push(format!(
             "| Sales | {} of {} issued exactly 1,000 (rows 1,000) | every one | {} | {} requests; worst p99 of a sale: accepted {}, rejected {}; late starts {}, errors {} |",
-            exact,
+            sales_exact,
             sales.len(),
-            if exact == sales.len() { "holds" } else { "broken" },
+            if sales_exact == sales.len() { "holds" } else { "broken" },
             sales.iter().map(|s| s.offered).sum::<u64>(),
-            fmt_ms(worst(|s| s.p99_accepted)),
-            fmt_ms(worst(|s| s.p99_rejected)),
+            fmt_ms(worst(sales, |s| s.p99_accepted)),
+            fmt_ms(worst(sales, |s| s.p99_rejected)),
             sales.iter().map(|s| s.late).sum::<u64>(),
             sales.iter().map(|s| s.errors).sum::<u64>(),
         ));
 
-        let warm_exact = warm
-            .sales
-            .iter()
-            .filter(|s| s.issued == 1000 && s.rows == 1000)
-            .count();
-        let every_core = warm.unread.is_none() && warm.accepted_per_core.iter().all(|&a| a > 0.0);
+        let warm_exact = exact(&warm.sales);
+        let every_core = warm.accepted_per_core.iter().all(|&a| a > 0.0);
         self.table.push(format!(
             "| Warm-up before minute 0 | {} sales at {}/s, {} of them exactly 1,000; reservations accepted per core: {} | every core warmed | {} | worst p99 of a sale: accepted {}, rejected {}; errors {} |",
             warm.sales.len(),
@@ -296,14 +283,18 @@ impl Run {
                     .collect::<Vec<_>>()
                     .join(", "),
             },
-            match (every_core, warm_exact == warm.sales.len()) {
-                (true, true) => "holds",
-                (false, _) if warm.unread.is_some() => "not known",
-                (false, _) => "a core not warmed",
-                (_, false) => "broken",
+            // A sale that did not issue exactly 1,000 is the worse news: it comes first.
+            if warm_exact != warm.sales.len() {
+                "broken"
+            } else if warm.unread.is_some() {
+                "not known"
+            } else if every_core {
+                "holds"
+            } else {
+                "a core not warmed"
             },
-            fmt_ms(warm.sales.iter().filter_map(|s| s.p99_accepted).reduce(f64::max)),
-            fmt_ms(warm.sales.iter().filter_map(|s| s.p99_rejected).reduce(f64::max)),
+            fmt_ms(worst(&warm.sales, |s| s.p99_accepted)),
+            fmt_ms(worst(&warm.sales, |s| s.p99_rejected)),
             warm.sales.iter().map(|s| s.errors).sum::<u64>(),
         ));
 
@@ -345,4 +336,17 @@ impl Run {
         );
         Ok(())
     }
+}
+
+/// How many of `sales` issued exactly 1,000 uses, with 1,000 rows.
+fn exact(sales: &[Sale]) -> usize {
+    sales
+        .iter()
+        .filter(|s| s.issued == 1000 && s.rows == 1000)
+        .count()
+}
+
+/// The highest of a figure over `sales` (`None` if no sale has it).
+fn worst(sales: &[Sale], figure: fn(&Sale) -> Option<f64>) -> Option<f64> {
+    sales.iter().filter_map(figure).reduce(f64::max)
 }
