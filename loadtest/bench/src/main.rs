@@ -203,11 +203,13 @@ struct BenchArgs {
     /// Seconds of load per step of a ladder.
     #[arg(long, env = "STEP_SECS", default_value_t = 3)]
     step_secs: u64,
-    /// Offered rates of the flash sale ladder (per second, comma-separated).
+    /// Offered rates of the flash sale ladder (per second, comma-separated). Steps of at
+    /// most half again between 3,000/s and 10,000/s, where the sale's ladders have ended:
+    /// from 5,000/s straight to 10,000/s a sustained figure could be a third under the truth.
     #[arg(
         long,
         env = "SALE_RATES",
-        default_value = "1000,2000,3000,5000,10000,20000,30000,40000,50000"
+        default_value = "1000,2000,3000,5000,7000,10000,15000,20000,30000,40000,50000"
     )]
     sale_rates: Rates,
     /// Offered rates of the reject path ladders, edge and bare server. Up to 120,000/s:
