@@ -79,6 +79,112 @@ fn parse_stat(stat: &str) -> Option<(&'static str, u64)> {
     Some((part, utime + stime))
 }
 
+/// The whole machine's busy and total time (every CPU, every process: `/proc/stat`'s first
+/// line), read every `every` by a task of its own from [`MachineWatch::start`] until
+/// [`MachineWatch::stop`]: how busy the two cores were over part of a step, such as a sale's
+/// burst, which per-process times read at the step's two ends cannot show. The kernel counts
+/// in ticks (10 ms on Linux's usual builds) per CPU, so over a window of 100 ms on two CPUs
+/// the share is known to about a tenth.
+pub struct MachineWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<MachineTicks>>,
+}
+
+/// One reading of `/proc/stat`: ticks busy, idle while a disk read or write was pending
+/// (iowait: PostgreSQL's commits wait on their WAL's flush), and in all, summed over the
+/// CPUs.
+#[derive(Clone, Copy, Debug)]
+struct MachineTicks {
+    at: Instant,
+    busy: u64,
+    iowait: u64,
+    total: u64,
+}
+
+/// The machine over a window: shares of its CPUs' time.
+#[derive(Clone, Copy, Debug)]
+pub struct MachineShare {
+    pub busy: f64,
+    pub iowait: f64,
+    /// The window read, between the readings around the one asked.
+    pub read: Duration,
+}
+
+impl MachineWatch {
+    pub fn start(every: Duration) -> Self {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut readings = Vec::new();
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            loop {
+                tick.tick().await;
+                if let Some(r) = machine_ticks() {
+                    readings.push(r);
+                }
+                if stopped.load(Ordering::Relaxed) {
+                    return readings;
+                }
+            }
+        });
+        Self { stop, task }
+    }
+
+    /// Stops the readings (after one more) and returns them.
+    pub async fn stop(self) -> MachineTrace {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        MachineTrace(self.task.await.unwrap_or_default())
+    }
+}
+
+/// The readings of a [`MachineWatch`].
+pub struct MachineTrace(Vec<MachineTicks>);
+
+impl MachineTrace {
+    /// The machine from `from` to `to`, between the last reading at or before `from` and
+    /// the first at or after `to` (so the window read is never shorter than the one
+    /// asked); `None` without readings on both sides.
+    pub fn between(&self, from: Instant, to: Instant) -> Option<MachineShare> {
+        let first = self.0.iter().rev().find(|r| r.at <= from)?;
+        let last = self.0.iter().find(|r| r.at >= to)?;
+        let total = last.total.checked_sub(first.total).filter(|t| *t > 0)? as f64;
+        Some(MachineShare {
+            busy: last.busy.saturating_sub(first.busy) as f64 / total,
+            iowait: last.iowait.saturating_sub(first.iowait) as f64 / total,
+            read: last.at.saturating_duration_since(first.at),
+        })
+    }
+}
+
+fn machine_ticks() -> Option<MachineTicks> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    parse_machine(stat.lines().next()?, Instant::now())
+}
+
+/// `cpu  user nice system idle iowait irq softirq steal guest guest_nice`: guest time is
+/// counted in user already, so the first eight fields are the whole; idle and iowait are
+/// the time not busy.
+fn parse_machine(line: &str, at: Instant) -> Option<MachineTicks> {
+    let mut fields = line.split_whitespace();
+    if fields.next()? != "cpu" {
+        return None;
+    }
+    let ticks: Vec<u64> = fields
+        .take(8)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    let total: u64 = ticks.iter().sum();
+    let (idle, iowait) = (*ticks.get(3)?, *ticks.get(4)?);
+    Some(MachineTicks {
+        at,
+        busy: total.saturating_sub(idle + iowait),
+        iowait,
+        total,
+    })
+}
+
 /// CPU spent by each part between two samples.
 #[derive(Clone)]
 pub struct CpuSpent {
@@ -149,5 +255,37 @@ mod tests {
         let spaced = "7 (tokio runtime) S 1 7 7 0 -1 0 0 0 0 0 1 1 0 0";
         assert_eq!(parse_stat(spaced), None, "not a part of the stack");
         assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn the_machine_line_gives_busy_and_total_and_a_window_reads_between_readings() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // user nice system idle iowait irq softirq steal guest guest_nice
+        let r = |ms, line| parse_machine(line, at(ms)).expect("a cpu line");
+        let first = r(0, "cpu  100 0 50 800 50 0 0 0 7 0");
+        assert_eq!((first.busy, first.iowait, first.total), (150, 50, 1000));
+        assert!(
+            parse_machine("cpu0 1 2 3 4 5 6 7 8", t0).is_none(),
+            "one CPU's line"
+        );
+        assert!(parse_machine("cpu  1 2 x", t0).is_none());
+        let trace = MachineTrace(vec![
+            first,
+            r(25, "cpu  120 0 60 815 55 0 0 0 0 0"),
+            r(50, "cpu  140 0 70 830 60 0 0 0 0 0"),
+            r(75, "cpu  190 0 70 830 60 0 0 0 0 0"),
+        ]);
+        // 10 ms to 60 ms is read from the readings around it: 0 to 75 ms.
+        let share = trace
+            .between(at(10), at(60))
+            .expect("readings on both sides");
+        assert_eq!(share.read, Duration::from_millis(75));
+        assert!((share.busy - 110.0 / 150.0).abs() < 1e-9, "{share:?}");
+        assert!((share.iowait - 10.0 / 150.0).abs() < 1e-9, "{share:?}");
+        assert!(
+            trace.between(at(10), at(80)).is_none(),
+            "no reading after the end"
+        );
     }
 }

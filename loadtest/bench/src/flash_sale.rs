@@ -35,7 +35,22 @@ struct SaleDetail {
     consumer: f64,
     /// What the edge did with the step's requests around the sell-out.
     edge: crate::probe::EdgeCounters,
+    /// The sale's burst: how busy the machine was from the step's first scheduled send
+    /// until its last 201 was answered.
+    burst: Option<Burst>,
 }
+
+/// The machine over a step's burst, from `/proc/stat` (`cpu::MachineWatch`).
+#[derive(Clone, Copy)]
+struct Burst {
+    /// From the first scheduled send to the last 201's answer.
+    until_last_201: Duration,
+    /// The machine over it (read over a window at least as long).
+    machine: crate::cpu::MachineShare,
+}
+
+/// How often the machine's busy time is read during a sale's step.
+const MACHINE_EVERY: Duration = Duration::from_millis(25);
 
 impl Run {
     /// Runs the ladder; returns the highest rate sustained, if any was.
@@ -67,8 +82,10 @@ impl Run {
                 stack.create_voucher(&code, SALE_LIMIT as i64, "flash").await?;
                 let before = stack.sale_counters().await?;
                 let edge_before = stack.edge_counters().await?;
+                let watch = crate::cpu::MachineWatch::start(MACHINE_EVERY);
                 let outcome =
                     load::run(reserve_plan(edge, rate, step, &code, "s", SALE_CONNECTIONS)).await?;
+                let burst = burst(&outcome, &watch.stop().await);
                 remember_accepted(accepted, &code, "s", &outcome);
                 let issued = outcome.count(|s| s.status == 201);
                 let (rows, used) = stack.wait_recorded(&code, issued as i64).await?;
@@ -113,6 +130,7 @@ impl Run {
                         writes: w1 - w0,
                         consumer: ctx1 - ctx0,
                         edge,
+                        burst,
                     });
                 }
                 Ok(Step {
@@ -134,12 +152,12 @@ impl Run {
                 &self.out.join("flash-sale-samples-failed.csv"),
                 &failed.outcome,
             )?;
-            let edge = sale_details
+            let detail = sale_details
                 .lock()
                 .ok()
-                .and_then(|d| d.iter().find(|d| d.rate == failed.rate).map(|d| d.edge))
+                .and_then(|d| d.iter().find(|d| d.rate == failed.rate).copied())
                 .unwrap_or_default();
-            failed_breakdown = breakdown(failed.rate, &failed.outcome, &edge);
+            failed_breakdown = breakdown(failed.rate, &failed.outcome, &detail);
         }
         let sale = best(&flash_steps).or(flash_steps.first());
         if let Some(s) = sale {
@@ -196,10 +214,27 @@ impl Run {
     }
 }
 
+/// The machine from a step's first scheduled send until its last 201 was answered; `None`
+/// without a 201 or without readings around that window.
+fn burst(o: &load::Outcome, trace: &crate::cpu::MachineTrace) -> Option<Burst> {
+    let until_last_201 = o
+        .samples
+        .iter()
+        .filter(|x| x.status == 201)
+        .map(|x| x.at + x.latency)
+        .max()?;
+    let machine = trace.between(o.start, o.start + until_last_201)?;
+    Some(Burst {
+        until_last_201,
+        machine,
+    })
+}
+
 /// The failed step's answers by kind (201; 409 from the edge; 409 from a core, i.e. sent
-/// on after the sell-out), by quarter second for its first two seconds, and what the edge
-/// did with its requests around the sell-out.
-fn breakdown(rate: u64, o: &crate::load::Outcome, edge: &crate::probe::EdgeCounters) -> String {
+/// on after the sell-out), by quarter second for its first two seconds, what the edge did
+/// with its requests around the sell-out, and how busy the machine was until the last 201.
+fn breakdown(rate: u64, o: &crate::load::Outcome, detail: &SaleDetail) -> String {
+    let edge = &detail.edge;
     use std::fmt::Write as _;
     let mut md = String::new();
     let _ = writeln!(md, "\n## The failed step ({rate}/s), broken down\n");
@@ -266,5 +301,19 @@ fn breakdown(rate: u64, o: &crate::load::Outcome, edge: &crate::probe::EdgeCount
         edge.place_placed,
         edge.place_timed_out,
     );
+    if let Some(b) = detail.burst {
+        let _ = writeln!(
+            md,
+            "\nThe machine over the burst (`/proc/stat`, every CPU and process, read every {} \
+             ms; the kernel counts in ticks of 10 ms per CPU): from the step's first scheduled \
+             send to its last 201's answer, {:.0} ms (read over {:.0} ms, between the readings \
+             around it), both cores {:.0}% busy and {:.0}% idle waiting on the disk (iowait).",
+            MACHINE_EVERY.as_millis(),
+            b.until_last_201.as_secs_f64() * 1000.0,
+            b.machine.read.as_secs_f64() * 1000.0,
+            100.0 * b.machine.busy,
+            100.0 * b.machine.iowait,
+        );
+    }
     md
 }

@@ -55,6 +55,8 @@ pub struct Outcome {
     pub planned: Duration,
     /// From the first scheduled send to the last answer.
     pub elapsed: Duration,
+    /// When the first send was scheduled: a sample's `at` counts from here.
+    pub start: Instant,
     /// Generator CPU time over wall time (1.0 = one core busy).
     pub generator_cpu: f64,
 }
@@ -202,6 +204,7 @@ pub async fn run(plan: Plan) -> anyhow::Result<Outcome> {
         late: late.load(Ordering::Relaxed),
         planned: plan.duration,
         elapsed,
+        start,
         generator_cpu,
     })
 }
@@ -278,6 +281,7 @@ pub async fn run_closed(
         late: 0,
         planned: duration,
         elapsed,
+        start,
     })
 }
 

@@ -196,6 +196,7 @@ impl Run {
                     late: 0,
                     planned: o.planned,
                     elapsed: o.elapsed,
+                    start: o.start,
                     generator_cpu: 0.0,
                 };
                 remember_accepted(&self.accepted, code, TAGS[k % TAGS.len()], &only);
@@ -351,6 +352,11 @@ fn merge(outcomes: &[Outcome], samples: Vec<Sample>) -> Outcome {
         late: outcomes.iter().map(|o| o.late).sum(),
         planned: outcomes.iter().map(|o| o.planned).max().unwrap_or_default(),
         elapsed: outcomes.iter().map(|o| o.elapsed).max().unwrap_or_default(),
+        start: outcomes
+            .iter()
+            .map(|o| o.start)
+            .min()
+            .unwrap_or_else(std::time::Instant::now),
         generator_cpu: outcomes.iter().map(|o| o.generator_cpu).sum(),
     }
 }
