@@ -35,6 +35,19 @@ const SALE_P99_MS: f64 = 100.0;
 /// The sale's uses.
 const SALE_USES: f64 = 1000.0;
 
+/// The burst of the sale's failed step, measured (`flash_sale`): the machine from the
+/// step's first scheduled send to its last 201's answer, and the answers in that window.
+#[derive(Clone, Copy, Debug)]
+pub struct SaleBurst {
+    pub rate: u64,
+    pub window_ms: f64,
+    /// Share of both cores busy over the window (`/proc/stat`).
+    pub busy: f64,
+    /// Answers other than a 201 answered within the window (the edge's and the cores'
+    /// 409s, any 503s).
+    pub others: u64,
+}
+
 /// What one step cost: the CPU of every process of the stack over it, per answer.
 #[derive(Clone)]
 pub struct Cost {
@@ -140,7 +153,7 @@ impl PathFound {
 }
 
 /// The section: one row per path, then the sale's budget.
-pub fn write(md: &mut String, found: &[PathFound]) {
+pub fn write(md: &mut String, found: &[PathFound], burst: Option<&SaleBurst>) {
     let _ = writeln!(
         md,
         "\n## What now limits each path\n\n\
@@ -180,13 +193,13 @@ pub fn write(md: &mut String, found: &[PathFound]) {
             f.limit()
         );
     }
-    sale_budget(md, found);
+    sale_budget(md, found, burst);
 }
 
 /// The sale's opening burst at the rate asked of it, from this run's own costs: what the
 /// edge's refusals at that rate leave of the two cores, and how long 1,000 accepts at the
 /// cost measured through the edge then take.
-fn sale_budget(md: &mut String, found: &[PathFound]) {
+fn sale_budget(md: &mut String, found: &[PathFound], burst: Option<&SaleBurst>) {
     let find = |path: &str| found.iter().find(|f| f.path == path);
     let through_edge = accepting_path("flash", "through the edge");
     let (Some(sale), Some(reject), Some(accept)) =
@@ -239,4 +252,27 @@ fn sale_budget(md: &mut String, found: &[PathFound]) {
         SALE_P99_MS * 1e3 * left / SALE_USES,
         SALE_P99_MS / burst_ms.max(f64::EPSILON)
     );
+    // The accepting ladder's cost is that of a steady rate, in smaller batches than a
+    // burst's: the failed step's own burst says what an accept cost in one.
+    if let Some(b) = burst {
+        let cpu_ms = b.busy * CORES * b.window_ms;
+        let others_ms = b.others as f64 * refusal_us / 1e3;
+        let per_accept_us = (cpu_ms - others_ms).max(0.0) * 1e3 / SALE_USES;
+        let allowed_us = SALE_P99_MS * 1e3 * left / SALE_USES;
+        let _ = writeln!(
+            md,
+            "In the sale's failed step ({}/s), measured: from its first scheduled send to its \
+             last 201's answer, {:.0} ms with both cores {:.0}% busy, {cpu_ms:.0} ms of CPU for \
+             the 1,000 accepts and {} other answers. With those at the edge's 409 cost above \
+             (the cores' 409s and any 503s cost more, so this is an upper bound), an accept \
+             cost at most {per_accept_us:.0} µs of all processes in the burst: the {:.0} µs \
+             the rate asked allows is {:.2} of it.",
+            b.rate,
+            b.window_ms,
+            100.0 * b.busy,
+            b.others,
+            allowed_us,
+            allowed_us / per_accept_us.max(f64::EPSILON),
+        );
+    }
 }

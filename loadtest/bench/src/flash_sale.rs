@@ -158,6 +158,14 @@ impl Run {
                 .and_then(|d| d.iter().find(|d| d.rate == failed.rate).copied())
                 .unwrap_or_default();
             failed_breakdown = breakdown(failed.rate, &failed.outcome, &detail);
+            self.sale_burst = detail.burst.map(|b| bounds::SaleBurst {
+                rate: failed.rate,
+                window_ms: b.until_last_201.as_secs_f64() * 1e3,
+                busy: b.machine.busy,
+                others: failed
+                    .outcome
+                    .count(|x| x.status != 201 && x.at + x.latency <= b.until_last_201),
+            });
         }
         let sale = best(&flash_steps).or(flash_steps.first());
         if let Some(s) = sale {

@@ -79,7 +79,7 @@ pub fn write_report(run: &Run, decision: &str, step: Duration) -> anyhow::Result
     }
     writeln!(md, "\n![latency over time](flash-sale-latency.png)\n\n![issued uses over time](flash-sale-issued.png)\n")?;
     md.push_str(&run.report);
-    bounds::write(&mut md, &run.found);
+    bounds::write(&mut md, &run.found, run.sale_burst.as_ref());
     std::fs::write(run.out.join("REPORT.md"), &md)?;
     println!("{md}");
     Ok(())

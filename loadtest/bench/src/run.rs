@@ -30,6 +30,8 @@ pub struct Run {
     pub report: String,
     /// Every path's standing, for the report's last section (`bounds`).
     pub found: Vec<PathFound>,
+    /// The sale's failed step's burst, for the same section.
+    pub sale_burst: Option<crate::bounds::SaleBurst>,
 }
 
 impl Run {
@@ -47,6 +49,7 @@ impl Run {
             table: Vec::new(),
             report: String::new(),
             found: Vec::new(),
+            sale_burst: None,
         })
     }
 
