@@ -87,7 +87,8 @@ fn parse_stat(stat: &str) -> Option<(&'static str, u64)> {
 /// the share is known to about a tenth.
 pub struct MachineWatch {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    task: tokio::task::JoinHandle<Vec<MachineTicks>>,
+    /// Taken by [`MachineWatch::stop`].
+    task: Option<tokio::task::JoinHandle<Vec<MachineTicks>>>,
 }
 
 /// One reading of `/proc/stat`: ticks busy, idle while a disk read or write was pending
@@ -129,13 +130,27 @@ impl MachineWatch {
                 }
             }
         });
-        Self { stop, task }
+        Self {
+            stop,
+            task: Some(task),
+        }
     }
 
     /// Stops the readings (after one more) and returns them.
-    pub async fn stop(self) -> MachineTrace {
+    pub async fn stop(mut self) -> MachineTrace {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        MachineTrace(self.task.await.unwrap_or_default())
+        let readings = match self.task.take() {
+            Some(task) => task.await.unwrap_or_default(),
+            None => Vec::new(),
+        };
+        MachineTrace(readings)
+    }
+}
+
+/// A watch dropped without [`MachineWatch::stop`] (its step failed) stops reading too.
+impl Drop for MachineWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
