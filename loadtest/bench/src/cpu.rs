@@ -84,7 +84,9 @@ fn parse_stat(stat: &str) -> Option<(&'static str, u64)> {
 /// [`MachineWatch::stop`]: how busy the two cores were over part of a step, such as a sale's
 /// burst, which per-process times read at the step's two ends cannot show. The kernel counts
 /// in ticks (10 ms on Linux's usual builds) per CPU, so over a window of 100 ms on two CPUs
-/// the share is known to about a tenth.
+/// the share is known to about a tenth. Each reading also takes the CPU time of the stack's
+/// processes alive when the watch started (by part, as [`CpuSpent`]), each known to a tick:
+/// a process started later (a new PostgreSQL backend) is in the machine's share only.
 pub struct MachineWatch {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Taken by [`MachineWatch::stop`].
@@ -100,6 +102,8 @@ struct MachineTicks {
     busy: u64,
     iowait: u64,
     total: u64,
+    /// The watched processes' ticks, by part in the order of [`PARTS`].
+    parts: [u64; PARTS.len()],
 }
 
 /// The machine over a window: shares of its CPUs' time.
@@ -109,6 +113,20 @@ pub struct MachineShare {
     pub iowait: f64,
     /// The window read, between the readings around the one asked.
     pub read: Duration,
+    /// CPU seconds of the watched processes over `read`, by part in the order of [`PARTS`].
+    pub parts: [f64; PARTS.len()],
+}
+
+impl MachineShare {
+    /// The parts' CPU as "name N ms", in the order of [`PARTS`].
+    pub fn parts_ms(&self) -> String {
+        PARTS
+            .iter()
+            .zip(self.parts)
+            .map(|((_, part), secs)| format!("{part} {:.0} ms", secs * 1e3))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
 impl MachineWatch {
@@ -116,13 +134,15 @@ impl MachineWatch {
         use std::sync::atomic::{AtomicBool, Ordering};
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
+        let watched: Vec<u32> = sample().ticks.keys().copied().collect();
         let task = tokio::spawn(async move {
             let mut readings = Vec::new();
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
             loop {
                 tick.tick().await;
-                if let Some(r) = machine_ticks() {
+                if let Some(mut r) = machine_ticks() {
+                    r.parts = parts_ticks(&watched);
                     readings.push(r);
                 }
                 if stopped.load(Ordering::Relaxed) {
@@ -165,12 +185,36 @@ impl MachineTrace {
         let first = self.0.iter().rev().find(|r| r.at <= from)?;
         let last = self.0.iter().find(|r| r.at >= to)?;
         let total = last.total.checked_sub(first.total).filter(|t| *t > 0)? as f64;
+        let hz = ticks_per_second();
+        let mut parts = [0.0; PARTS.len()];
+        for (i, secs) in parts.iter_mut().enumerate() {
+            *secs = last.parts[i].saturating_sub(first.parts[i]) as f64 / hz;
+        }
         Some(MachineShare {
             busy: last.busy.saturating_sub(first.busy) as f64 / total,
             iowait: last.iowait.saturating_sub(first.iowait) as f64 / total,
             read: last.at.saturating_duration_since(first.at),
+            parts,
         })
     }
+}
+
+/// The ticks of the processes `pids` now, by part. A process gone by then counts nothing,
+/// so a part one of whose processes ended within a window is undercounted there (at worst
+/// zero: [`MachineTrace::between`] does not let a part's time fall below it).
+fn parts_ticks(pids: &[u32]) -> [u64; PARTS.len()] {
+    let mut parts = [0; PARTS.len()];
+    for pid in pids {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        if let Some((part, t)) = parse_stat(&stat) {
+            if let Some(i) = PARTS.iter().position(|(_, p)| *p == part) {
+                parts[i] += t;
+            }
+        }
+    }
+    parts
 }
 
 fn machine_ticks() -> Option<MachineTicks> {
@@ -197,6 +241,7 @@ fn parse_machine(line: &str, at: Instant) -> Option<MachineTicks> {
         busy: total.saturating_sub(idle + iowait),
         iowait,
         total,
+        parts: [0; PARTS.len()],
     })
 }
 
@@ -278,18 +323,23 @@ mod tests {
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         // user nice system idle iowait irq softirq steal guest guest_nice
         let r = |ms, line| parse_machine(line, at(ms)).expect("a cpu line");
-        let first = r(0, "cpu  100 0 50 800 50 0 0 0 7 0");
+        let mut first = r(0, "cpu  100 0 50 800 50 0 0 0 7 0");
         assert_eq!((first.busy, first.iowait, first.total), (150, 50, 1000));
         assert!(
             parse_machine("cpu0 1 2 3 4 5 6 7 8", t0).is_none(),
             "one CPU's line"
         );
         assert!(parse_machine("cpu  1 2 x", t0).is_none());
+        let mut last = r(75, "cpu  190 0 70 830 60 0 0 0 0 0");
+        // The edge's process ran 30 ticks over the window, a core's 5; one of PostgreSQL's
+        // ended (its part's ticks fell): none, not less.
+        first.parts = [0, 100, 40, 0, 70, 0];
+        last.parts = [0, 130, 45, 0, 20, 0];
         let trace = MachineTrace(vec![
             first,
             r(25, "cpu  120 0 60 815 55 0 0 0 0 0"),
             r(50, "cpu  140 0 70 830 60 0 0 0 0 0"),
-            r(75, "cpu  190 0 70 830 60 0 0 0 0 0"),
+            last,
         ]);
         // 10 ms to 60 ms is read from the readings around it: 0 to 75 ms.
         let share = trace
@@ -298,6 +348,8 @@ mod tests {
         assert_eq!(share.read, Duration::from_millis(75));
         assert!((share.busy - 110.0 / 150.0).abs() < 1e-9, "{share:?}");
         assert!((share.iowait - 10.0 / 150.0).abs() < 1e-9, "{share:?}");
+        let hz = ticks_per_second();
+        assert_eq!(share.parts, [0.0, 30.0 / hz, 5.0 / hz, 0.0, 0.0, 0.0]);
         assert!(
             trace.between(at(10), at(80)).is_none(),
             "no reading after the end"

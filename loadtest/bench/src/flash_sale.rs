@@ -315,12 +315,16 @@ fn breakdown(rate: u64, o: &crate::load::Outcome, detail: &SaleDetail) -> String
             "\nThe machine over the burst (`/proc/stat`, every CPU and process, read every {} \
              ms; the kernel counts in ticks of 10 ms per CPU): from the step's first scheduled \
              send to its last 201's answer, {:.0} ms (read over {:.0} ms, between the readings \
-             around it), both cores {:.0}% busy and {:.0}% idle waiting on the disk (iowait).",
+             around it), both cores {:.0}% busy and {:.0}% idle waiting on the disk (iowait); \
+             CPU of the stack's processes over that window ({:.0} ms of both cores): {} (each \
+             to a tick; a process started during the step is in the share only).",
             MACHINE_EVERY.as_millis(),
             b.until_last_201.as_secs_f64() * 1000.0,
             b.machine.read.as_secs_f64() * 1000.0,
             100.0 * b.machine.busy,
             100.0 * b.machine.iowait,
+            2.0 * b.machine.read.as_secs_f64() * 1000.0,
+            b.machine.parts_ms(),
         );
     }
     md
