@@ -3,6 +3,8 @@
 //! ran, per request. Processes are grouped by what they are in the stack, by their command
 //! name; a process that started or ended during the step counts only what it had at both
 //! ends (the stack's processes and PostgreSQL's pooled backends live through a step).
+//! [`MachineWatch`] reads the whole machine (`/proc/stat`) and the same processes through a
+//! step instead, every few milliseconds, for a part of it such as a sale's burst.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
