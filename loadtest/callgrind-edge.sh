@@ -16,6 +16,11 @@
 # divided by N. Servers interleaved, ROUNDS times. With EDGE_BINARY given (several for an
 # A/B), those are counted instead of the release build. The last round's dumps are kept in
 # OUT (default /tmp/callgrind-edge) for `callgrind_annotate --inclusive=yes`.
+#
+# FORWARD=1 counts the forward path instead: the edge without its sold-out answers
+# (EDGE__SOLD_OUT_ANSWERS=false) and the minimal Pingora given core 1 as its upstream both
+# send every reservation on to core 1, whose gate answers it 409 OUT_OF_STOCK; only the
+# proxy's instructions are counted, per forwarded request.
 . "$(dirname "$0")/../scripts/lib.sh"
 cd "$ROOT"
 
@@ -59,7 +64,7 @@ count() {
   "$@" >"$OUT/$name.log" 2>&1 &
   pid=$!
   wait_for_port 127.0.0.1 $PORT 180
-  [[ $name == edge* ]] && until_served_by_edge $PORT "$CODE"
+  [[ $name == edge* && ${FORWARD:-0} != 1 ]] && until_served_by_edge $PORT "$CODE"
   curl -s -K "$WARM" >/dev/null
   tag=n$RANDOM
   requests "$OUT/measured.curl" "$tag" "$N"
@@ -79,14 +84,21 @@ count() {
 
 # valgrind is exec'd in place (env, or directly), so $! is the pid callgrind names its dump by.
 CALLGRIND=(valgrind --tool=callgrind --callgrind-out-file="$OUT/cg.%p.out")
+UPSTREAM=()
+FORWARDING=()
+if [[ ${FORWARD:-0} == 1 ]]; then
+  UPSTREAM=(127.0.0.1:8081)
+  FORWARDING=(EDGE__SOLD_OUT_ANSWERS=false EDGE__UPSTREAMS=127.0.0.1:8081)
+fi
 for round in $(seq "$ROUNDS"); do
   echo "round $round (instructions per answer, N=$N):"
-  count minimal "${CALLGRIND[@]}" "$TARGET_DIR"/release/minimal-pingora 127.0.0.1:$PORT 2
+  count minimal "${CALLGRIND[@]}" "$TARGET_DIR"/release/minimal-pingora 127.0.0.1:$PORT 2 "${UPSTREAM[@]}"
   i=0
   for bin in "${EDGES[@]}"; do
     i=$((i + 1))
     count "edge$i" env EDGE_CONFIG=config/edge.yaml EDGE__LISTEN=127.0.0.1:$PORT \
-      EDGE__METRICS_LISTEN=127.0.0.1:19180 EDGE__THREADS=2 "${CALLGRIND[@]}" "$bin"
+      EDGE__METRICS_LISTEN=127.0.0.1:19180 EDGE__THREADS=2 "${FORWARDING[@]}" \
+      "${CALLGRIND[@]}" "$bin"
   done
 done
 echo "dumps of the last round: $OUT/*.cg (callgrind_annotate --inclusive=yes FILE)"
