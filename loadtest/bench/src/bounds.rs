@@ -41,8 +41,10 @@ const SALE_USES: f64 = 1000.0;
 pub struct SaleBurst {
     pub rate: u64,
     pub window_ms: f64,
-    /// Share of both cores busy over the window (`/proc/stat`).
+    /// Share of both cores busy (`/proc/stat`), over the window read around it: from the
+    /// last reading at or before its start to the first at or after its end.
     pub busy: f64,
+    pub read_ms: f64,
     /// Answers other than a 201 answered within the window (the edge's and the cores'
     /// 409s, any 503s).
     pub others: u64,
@@ -262,14 +264,16 @@ fn sale_budget(md: &mut String, found: &[PathFound], burst: Option<&SaleBurst>) 
         let _ = writeln!(
             md,
             "In the sale's failed step ({}/s), measured: from its first scheduled send to its \
-             last 201's answer, {:.0} ms with both cores {:.0}% busy, {cpu_ms:.0} ms of CPU for \
-             the 1,000 accepts and {} other answers. With those at the edge's 409 cost above \
-             (the cores' 409s and any 503s cost more, so this is an upper bound), an accept \
+             last 201's answer, {:.0} ms with both cores {:.0}% busy (read over {:.0} ms around \
+             it), {cpu_ms:.0} ms of CPU for the 1,000 accepts and {} other answers. With \
+             those at the edge's 409 cost above (the cores' 409s and any 503s cost more, so \
+             this is an upper bound), an accept \
              cost at most {per_accept_us:.0} µs of all processes in the burst: the {:.0} µs \
              the rate asked allows is {:.2} of it.",
             b.rate,
             b.window_ms,
             100.0 * b.busy,
+            b.read_ms,
             b.others,
             allowed_us,
             allowed_us / per_accept_us.max(f64::EPSILON),

@@ -162,6 +162,7 @@ impl Run {
                 rate: failed.rate,
                 window_ms: b.until_last_201.as_secs_f64() * 1e3,
                 busy: b.machine.busy,
+                read_ms: b.machine.read.as_secs_f64() * 1e3,
                 others: failed
                     .outcome
                     .count(|x| x.status != 201 && x.at + x.latency <= b.until_last_201),
