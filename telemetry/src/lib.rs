@@ -3,6 +3,9 @@
 //! to continue a trace that arrived and to pass it on.
 //!
 //! - `logs`: `tracing` events as text or JSON, written by a thread of their own;
+//! - [`access`]: a request's access line, formatted by its caller and queued for that
+//!   same thread (the edge writes one per forwarded request: through `tracing` it was half
+//!   of the edge's own cost of forwarding);
 //! - `export` (feature `otlp`, on by default): the spans of the `voucher_*` crates sent by
 //!   OTLP/HTTP in batches, when `[tracing] otlp_endpoint` is set, and never otherwise;
 //! - [`trace`]: W3C trace context (`traceparent`, `tracestate`) read from and written to
@@ -12,6 +15,7 @@
 //! With tracing off (no endpoint, the default) the subscriber is the logs alone, as it was
 //! before traces existed, and every function of [`trace`] returns at its first line.
 
+pub mod access;
 mod logs;
 pub mod settings;
 pub mod trace;
@@ -95,6 +99,25 @@ impl Drop for Telemetry {
     }
 }
 
+/// The log filter: `RUST_LOG` when it parses, else `configured`, else `info`.
+fn log_filter(configured: &str) -> EnvFilter {
+    EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(configured))
+        .unwrap_or_else(|_| EnvFilter::new("info"))
+}
+
+/// Whether `filter` lets an event of target `access` at `info` through: asked once, of a
+/// subscriber made for the question, since access lines bypass the subscriber
+/// ([`access`]). Asking the process's own subscriber on every request would leave a
+/// per-layer filter's answer behind for the thread's next span (see `export`).
+fn access_lines_pass(filter: EnvFilter) -> bool {
+    let probe = tracing_subscriber::registry().with(filter);
+    tracing::subscriber::with_default(
+        probe,
+        || tracing::enabled!(target: access::TARGET, tracing::Level::INFO),
+    )
+}
+
 /// Installs the process's subscriber: the logs, and the span exporter when `traces` names
 /// an endpoint. Call it before a Tokio runtime starts (the exporter's HTTP client has a
 /// runtime of its own, which may not be made or dropped inside another). Fails when the
@@ -102,13 +125,12 @@ impl Drop for Telemetry {
 /// already.
 pub fn init(service: Service, logs: Logs<'_>, traces: &TraceSettings) -> anyhow::Result<Telemetry> {
     traces.validate()?;
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(logs.filter))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = log_filter(logs.filter);
+    let access = access_lines_pass(log_filter(logs.filter));
     #[cfg(feature = "otlp")]
     if let Some(endpoint) = &traces.otlp_endpoint {
         let exporter = export::Exporter::start(service, endpoint, traces)?;
-        let (lines, guard) = logs::layer(logs.json);
+        let (lines, guard) = logs::layer(logs.json, access);
         tracing_subscriber::registry()
             .with(lines.with_filter(filter))
             .with(exporter.layer())
@@ -126,7 +148,7 @@ pub fn init(service: Service, logs: Logs<'_>, traces: &TraceSettings) -> anyhow:
     }
     let _ = service;
     // Tracing off: the logs alone, their filter global, as before traces existed.
-    let (lines, guard) = logs::layer(logs.json);
+    let (lines, guard) = logs::layer(logs.json, access);
     tracing_subscriber::registry()
         .with(filter)
         .with(lines)
@@ -136,4 +158,25 @@ pub fn init(service: Service, logs: Logs<'_>, traces: &TraceSettings) -> anyhow:
         traces: None,
         _logs: guard,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_lines_are_written_when_the_filter_lets_target_access_through_at_info() {
+        for (filter, passes) in [
+            ("info", true),
+            ("debug", true),
+            ("warn", false),
+            ("info,access=warn", false),
+            ("warn,access=info", true),
+            ("access=off", false),
+            ("voucher_edge=debug", false),
+        ] {
+            let parsed = EnvFilter::try_new(filter).expect("a valid filter");
+            assert_eq!(access_lines_pass(parsed), passes, "{filter}");
+        }
+    }
 }

@@ -4,7 +4,8 @@
 //! stdout from the runtime's worker threads was one `write` call per request on the hot
 //! path. The queue holds [`QUEUED_LINES`] lines; when the writer falls that far behind (a
 //! stalled disk or pipe), logging waits for it rather than dropping lines or growing
-//! without bound. Colours only on a terminal.
+//! without bound. Colours only on a terminal. Access lines (`crate::access`) are queued on
+//! the same thread, formatted by their callers rather than by this layer.
 
 use std::io::IsTerminal;
 
@@ -17,7 +18,9 @@ use tracing_subscriber::Layer;
 pub const QUEUED_LINES: usize = 8192;
 
 /// The layer that formats lines (JSON or text) and the guard of its writer thread.
-pub(crate) fn layer<S>(json: bool) -> (Box<dyn Layer<S> + Send + Sync>, WorkerGuard)
+/// `access` says whether the filter lets access lines through: the writer is then handed
+/// to [`crate::access`] too, which queues its lines on the same thread.
+pub(crate) fn layer<S>(json: bool, access: bool) -> (Box<dyn Layer<S> + Send + Sync>, WorkerGuard)
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
@@ -28,6 +31,7 @@ where
         .lossy(false)
         .thread_name("log-writer")
         .finish(stdout);
+    crate::access::init(&writer, json, access);
     let lines = tracing_subscriber::fmt::layer()
         .with_ansi(ansi)
         .with_writer(writer);
