@@ -7,6 +7,7 @@
 #   BENCH_ONLY=accept ACCEPT_RATES=2000,4000,8000 ./loadtest/bench.sh   # only accepting at a core, CPU per process: ACCEPT.md
 #   ACCEPT_MODE=standard BENCH_ONLY=accept ./loadtest/bench.sh   # the same on a standard voucher: ACCEPT-standard.md
 #   BENCH_ONLY=sale ./loadtest/bench.sh     # only the flash sale through the edge, beside the edge's reject path: SALE.md
+#   EDGE_BIN=/tmp/old/voucher-edge BENCH_ONLY=sale ./loadtest/bench.sh   # the same with another build of the edge (an A/B; keep the file's name: CPU is read by process name)
 #   BENCH_ONLY=reject ./loadtest/bench.sh   # only the edge's reject path vs bare server, minimal Pingora, nginx: REJECT.md
 #   STEP_SECS=6 BENCH_ONLY=overload ./loadtest/bench.sh   # only a core offered up to 10x what it takes: OVERLOAD.md
 #   BENCH_ONLY=memory ./loadtest/bench.sh   # what the edge's and a core's memory is made of, part by part: MEMORY.md

@@ -279,7 +279,8 @@ start_stack() {
     VOUCHER__HTTP__METRICS_LISTEN=127.0.0.1:9182 "$TARGET_DIR"/release/voucher-core
   wait_for_port 127.0.0.1 8082 60
   log "starting the edge on :8080 (metrics :9180)"
-  start_bg edge env EDGE_CONFIG=config/edge.yaml "$TARGET_DIR"/release/voucher-edge
+  # EDGE_BIN: another build of the edge (an A/B of the benchmark), else this checkout's.
+  start_bg edge env EDGE_CONFIG=config/edge.yaml "${EDGE_BIN:-$TARGET_DIR/release/voucher-edge}"
   wait_for_port 127.0.0.1 8080 30
   sleep 1  # first health check of the cores
 }
