@@ -8,6 +8,11 @@
 # system calls per answer (SYSCALLS=1; perf stat -e raw_syscalls:sys_enter on its pid).
 #   loadtest/edge-ab.sh "BINARY_A:ENV=VALUE" "BINARY_B:ENV=VALUE" ...
 # e.g. loadtest/edge-ab.sh "/tmp/edge-old:EDGE__READ_BUFFER_BYTES=65536" "$HOME/.cache/voucher-gate/target/release/voucher-edge:EDGE__READ_BUFFER_BYTES=4096"
+# FORWARD=1 measures the forward path instead, as loadtest/callgrind-edge.sh's FORWARD=1
+# counts it: each variant runs with EDGE__SOLD_OUT_ANSWERS=false and core 1 alone as its
+# upstream, so every reservation goes on to core 1, whose gate answers it 409 (a minimal
+# Pingora variant is a wrapper that execs `minimal-pingora 127.0.0.1:18080 2 127.0.0.1:8081`).
+# Core 1 then sets the rate; what the edge's CPU per answer says is what forwarding costs it.
 . "$(dirname "$0")/../scripts/lib.sh"
 cd "$ROOT"
 command -v wrk >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
@@ -17,11 +22,18 @@ sold_out_voucher "$CODE"
 SCRIPT=$(mktemp --suffix=.lua)
 trap 'rm -f "$SCRIPT" "$SCRIPT.perf"' EXIT
 wrk_reserve_script "$CODE" "$SCRIPT"
+FORWARDING=()
+[[ ${FORWARD:-0} == 1 ]] && FORWARDING=(EDGE__SOLD_OUT_ANSWERS=false EDGE__UPSTREAMS=127.0.0.1:8081)
 start_edge() { # BINARY [ENV=VALUE...]
   local bin=$1; shift
-  env EDGE_CONFIG=config/edge.yaml EDGE__LISTEN=127.0.0.1:18080 EDGE__METRICS_LISTEN=127.0.0.1:19180 "$@" "$bin" >/dev/null 2>&1 &
+  env EDGE_CONFIG=config/edge.yaml EDGE__LISTEN=127.0.0.1:18080 EDGE__METRICS_LISTEN=127.0.0.1:19180 "$@" "${FORWARDING[@]}" "$bin" >/dev/null 2>&1 &
   EDGE_PID=$!
-  until_served_by_edge 18080 "$CODE"
+  if [[ ${FORWARD:-0} == 1 ]]; then
+    wait_for_port 127.0.0.1 18080 30
+    sleep 1  # the edge's first health check of core 1
+  else
+    until_served_by_edge 18080 "$CODE"
+  fi
   wrk -t1 -c64 -d2s -s "$SCRIPT" http://127.0.0.1:18080 >/dev/null
 }
 for round in $(seq "$ROUNDS"); do

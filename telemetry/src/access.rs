@@ -5,7 +5,7 @@
 //! it forwards, and through `tracing-subscriber`'s formatter that line (ten fields, each
 //! visited and written with `core::fmt`, a timestamp, a writer made per event) was half of
 //! what the edge itself added to a forwarded request (`reports/callgrind/EDGE.md`, "The
-//! forward path"). Here the line is written byte by byte into a buffer the thread keeps.
+//! forward path"). Here the line is written byte by byte into the buffer that is queued.
 //!
 //! The line looks like the `tracing` lines around it, so that one parser reads the whole log:
 //! in JSON `{"timestamp":…,"level":"INFO","fields":{"message":"answered",…},"target":"access"}`,
@@ -14,37 +14,32 @@
 //! the process's filter (`RUST_LOG`, else the configured one) lets target `access` through
 //! at `info`, read once when the logs are set up ([`init`]); the filter cannot change later.
 
-use std::cell::RefCell;
 use std::fmt::{self, Write as _};
-use std::io::Write as _;
 use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tracing_appender::non_blocking::NonBlocking;
+use crate::logs::Lines;
 
 /// The target the access lines carry, as a `tracing` event's would.
 pub const TARGET: &str = "access";
 
 /// Where lines go: set by [`init`] when the filter lets them through.
 struct Sink {
-    writer: NonBlocking,
+    lines: Lines,
     json: bool,
 }
 
 static SINK: OnceLock<Sink> = OnceLock::new();
 
-thread_local! {
-    /// This thread's handle on the writer's queue (a clone made per line would count up and
-    /// down a reference shared by every thread) and the buffer its lines are built in.
-    static LOCAL: RefCell<Option<(NonBlocking, Vec<u8>)>> = const { RefCell::new(None) };
-}
+/// The longest line written without growing its buffer: most are shorter.
+const LINE_CAPACITY: usize = 384;
 
-/// Called by the logs' set-up with the writer of the lines' thread, once per process.
-pub(crate) fn init(writer: &NonBlocking, json: bool, enabled: bool) {
+/// Called by the logs' set-up with the writer thread's queue, once per process.
+pub(crate) fn init(lines: &Lines, json: bool, enabled: bool) {
     if enabled {
         let _ = SINK.set(Sink {
-            writer: writer.clone(),
+            lines: lines.clone(),
             json,
         });
     }
@@ -92,17 +87,11 @@ impl AccessLine<'_> {
         let Some(sink) = SINK.get() else {
             return;
         };
-        LOCAL.with(|local| {
-            let Ok(mut local) = local.try_borrow_mut() else {
-                return;
-            };
-            let (writer, buf) = local.get_or_insert_with(|| (sink.writer.clone(), Vec::new()));
-            buf.clear();
-            self.format(sink.json, SystemTime::now(), buf);
-            // The writer's thread gone (the process stopping): the line is lost, as a
-            // `tracing` event's would be.
-            let _ = writer.write_all(buf);
-        });
+        let mut line = Vec::with_capacity(LINE_CAPACITY);
+        self.format(sink.json, SystemTime::now(), &mut line);
+        // The writer's thread gone (the process stopping): the line is lost, as a
+        // `tracing` event's would be.
+        let _ = sink.lines.send(line);
     }
 
     /// The line, ending in a newline, as JSON or as text.

@@ -26,7 +26,6 @@ mod export;
 #[cfg(feature = "otlp")]
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use tracing_appender::non_blocking::WorkerGuard;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
@@ -79,7 +78,7 @@ pub const fn tracing_enabled() -> bool {
 pub struct Telemetry {
     #[cfg(feature = "otlp")]
     traces: Option<export::Exporter>,
-    _logs: WorkerGuard,
+    _logs: logs::Writer,
 }
 
 impl Telemetry {
@@ -130,7 +129,7 @@ pub fn init(service: Service, logs: Logs<'_>, traces: &TraceSettings) -> anyhow:
     #[cfg(feature = "otlp")]
     if let Some(endpoint) = &traces.otlp_endpoint {
         let exporter = export::Exporter::start(service, endpoint, traces)?;
-        let (lines, guard) = logs::layer(logs.json, access);
+        let (lines, guard) = logs::layer(logs.json, access)?;
         tracing_subscriber::registry()
             .with(lines.with_filter(filter))
             .with(exporter.layer())
@@ -148,7 +147,7 @@ pub fn init(service: Service, logs: Logs<'_>, traces: &TraceSettings) -> anyhow:
     }
     let _ = service;
     // Tracing off: the logs alone, their filter global, as before traces existed.
-    let (lines, guard) = logs::layer(logs.json, access);
+    let (lines, guard) = logs::layer(logs.json, access)?;
     tracing_subscriber::registry()
         .with(filter)
         .with(lines)
