@@ -103,7 +103,9 @@ impl AccessLine<'_> {
             out.extend_from_slice(b"\",\"level\":\"INFO\",\"fields\":{\"message\":\"answered\"");
         } else {
             timestamp(now, out);
-            out.extend_from_slice(b"  INFO access: answered");
+            out.extend_from_slice(b"  INFO ");
+            out.extend_from_slice(TARGET.as_bytes());
+            out.extend_from_slice(b": answered");
         }
         let mut fields = Fields { json, out };
         fields.text("request_id", self.request_id);
@@ -124,7 +126,9 @@ impl AccessLine<'_> {
             fields.text("error", error);
         }
         if json {
-            out.extend_from_slice(b"},\"target\":\"access\"}\n");
+            out.extend_from_slice(b"},\"target\":\"");
+            out.extend_from_slice(TARGET.as_bytes());
+            out.extend_from_slice(b"\"}\n");
         } else {
             out.push(b'\n');
         }

@@ -104,6 +104,9 @@ pub(crate) fn start<W: Write + Send + 'static>(out: W) -> io::Result<(Lines, Wri
         .name("log-writer".into())
         .spawn(move || {
             write_lines(&queued, out);
+            // The queue closed before stopping is reported: a line sent once the guard
+            // is dropped is refused, never left in a queue no one reads.
+            drop(queued);
             let _ = done.send(());
         })?;
     let lines = Lines { queue };
